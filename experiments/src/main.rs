@@ -1,0 +1,5 @@
+//! The `rlany` command; see the crate docs of `rlany` (experiments/src/lib.rs).
+
+fn main() -> std::process::ExitCode {
+    std::process::ExitCode::from(rlany::cli_main(std::env::args_os()))
+}

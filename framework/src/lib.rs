@@ -1,0 +1,28 @@
+//! # rlany-framework
+//!
+//! The traits, the experiment schema and the closed loop of RLAnything
+//! (arXiv 2602.02488, "Forge Environment, Policy, and Reward Model in Completely Dynamic RL
+//! System"). This crate never names a concrete model or environment.
+
+pub mod advantage;
+pub mod batch;
+pub mod checkpoint;
+pub mod env;
+pub mod eval;
+pub mod experiment;
+pub mod lm;
+pub mod optim;
+pub mod ppo;
+pub mod progress;
+pub mod rng;
+pub mod rollout;
+pub mod rundir;
+pub mod trainer;
+pub mod warmstart;
+
+pub use env::{Difficulty, Dim, Environment, Episode, Split, StepResult};
+pub use experiment::{BackendKind, Experiment, ExperimentError};
+pub use lm::{CausalLm, Generation, SampleParams, Tokenizer};
+pub use rng::Rng;
+pub use rollout::{StepSpan, Trajectory, rollout};
+pub use trainer::{RunSummary, TrainError, TrainOptions, train};

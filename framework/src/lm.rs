@@ -1,0 +1,76 @@
+//! What the loop needs from a language model (policy or judge) and its tokenizer.
+//! Implemented in `rlany-models` on Burn modules; the loop is written once against these
+//! traits, generic over the backend.
+
+use crate::rng::Rng;
+use burn::prelude::*;
+
+/// Text ↔ token ids. Special tokens are part of the vocabulary.
+pub trait Tokenizer: Send + Sync {
+    /// Token ids of `text` (no BOS/EOS added). Unknown characters map to an `unk` id.
+    fn encode(&self, text: &str) -> Vec<u32>;
+    /// Text of `ids`; special tokens decode to nothing.
+    fn decode(&self, ids: &[u32]) -> String;
+    /// Number of ids.
+    fn vocab_size(&self) -> usize;
+    /// Beginning-of-sequence id (every context starts with it).
+    fn bos(&self) -> u32;
+    /// End-of-sequence id.
+    fn eos(&self) -> u32;
+    /// Padding id.
+    fn pad(&self) -> u32;
+    /// The id that ends one step (one line): the step delimiter `'\n'`.
+    fn step_delimiter(&self) -> u32;
+}
+
+/// How to sample in [`CausalLm::generate`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampleParams {
+    /// Softmax temperature; `0.0` means greedy (argmax).
+    pub temperature: f64,
+    /// Nucleus sampling mass in `(0, 1]`; `1.0` disables it.
+    pub top_p: f64,
+    /// Most tokens generated per row.
+    pub max_new_tokens: usize,
+    /// A row stops after generating any of these ids (which are kept in its output).
+    pub stop_tokens: Vec<u32>,
+}
+
+/// One row's generated continuation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generation {
+    /// Generated ids, including the stop token when one ended the row.
+    pub tokens: Vec<u32>,
+    /// Log-probability of each generated id under the model's untempered distribution
+    /// `log_softmax(logits)`.
+    pub logprobs: Vec<f32>,
+    /// Whether a stop token ended the row (rather than `max_new_tokens`).
+    pub stopped: bool,
+}
+
+/// A decoder-only language model, generic over the backend.
+pub trait CausalLm<B: Backend>: Module<B> + Clone + Send + 'static {
+    /// Next-token logits at every position.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, seq]`, right-padded (row r is real for its first tokens, padding
+    ///   after; positions are `0..seq` in every row, so causal attention alone keeps padding
+    ///   out of every real position)
+    /// - output: `[batch, seq, vocab]`
+    fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3>;
+
+    /// Batched autoregressive generation with a KV cache. Prompts may differ in length
+    /// (each must be non-empty); all randomness comes from `rng`.
+    fn generate(
+        &self,
+        prompts: &[Vec<u32>],
+        params: &SampleParams,
+        rng: &mut Rng,
+    ) -> Vec<Generation>;
+
+    /// Size of the output vocabulary.
+    fn vocab_size(&self) -> usize;
+
+    /// Longest context (prompt + generation) the model accepts.
+    fn max_seq_len(&self) -> usize;
+}

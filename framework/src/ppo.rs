@@ -1,0 +1,121 @@
+//! The PPO-clip objective with a per-token KL penalty (method.md, step 6).
+//!
+//! Every tensor here is `[batch, seq]` over the target tokens of a right-padded batch;
+//! `weight` is zero on tokens that are not trained (prompt, observations, padding, dropped
+//! steps) and `1 / (tokens in the step) / (steps in the minibatch)` on the others, so the
+//! loss is the per-token surrogate averaged over each step's tokens, then over steps.
+
+use crate::experiment::KlEstimator;
+use burn::prelude::*;
+
+/// Per-token KL estimate of `KL(π ‖ target)` from log-probs of tokens sampled by the
+/// rollout policy (Schulman 2020), with `log r = target − new`:
+/// k1 = −log r, k2 = ½ (log r)², k3 = exp(log r) − 1 − log r.
+///
+/// # Shapes
+/// - `new_lp`, `target_lp`: `[batch, seq]`
+/// - output: `[batch, seq]`
+pub fn kl_estimate<B: Backend>(
+    estimator: KlEstimator,
+    new_lp: Tensor<B, 2>,
+    target_lp: Tensor<B, 2>,
+) -> Tensor<B, 2> {
+    let log_r = target_lp - new_lp;
+    match estimator {
+        KlEstimator::K1 => log_r.neg(),
+        KlEstimator::K2 => log_r.powi_scalar(2).mul_scalar(0.5),
+        KlEstimator::K3 => log_r.clone().exp() - log_r - 1.0,
+    }
+}
+
+/// The scalar loss and its diagnostics for one minibatch.
+#[derive(Debug)]
+pub struct PpoLoss<B: Backend> {
+    /// `Σ w · (−surrogate + β · kl)`: the quantity to minimise.
+    pub loss: Tensor<B, 1>,
+    /// `Σ w · kl`.
+    pub kl: Tensor<B, 1>,
+    /// Weighted fraction of tokens whose ratio was clipped.
+    pub clipfrac: Tensor<B, 1>,
+}
+
+/// PPO-clip surrogate plus KL.
+///
+/// # Shapes
+/// - `new_lp`, `old_lp`, `target_lp`, `adv`, `weight`: `[batch, seq]`
+/// - outputs: `[1]`
+#[allow(clippy::too_many_arguments)]
+pub fn ppo_loss<B: Backend>(
+    new_lp: Tensor<B, 2>,
+    old_lp: Tensor<B, 2>,
+    target_lp: Tensor<B, 2>,
+    adv: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    clip: f64,
+    kl_coef: f64,
+    estimator: KlEstimator,
+) -> PpoLoss<B> {
+    let ratio = (new_lp.clone() - old_lp).exp();
+    let unclipped = ratio.clone() * adv.clone();
+    let clipped = ratio.clone().clamp(1.0 - clip, 1.0 + clip) * adv;
+    let surrogate = unclipped.clone().min_pair(clipped.clone());
+    let was_clipped = unclipped.not_equal(surrogate.clone()).float();
+    let kl = kl_estimate(estimator, new_lp, target_lp);
+    let per_token = surrogate.neg() + kl.clone().mul_scalar(kl_coef);
+    PpoLoss {
+        loss: (per_token * weight.clone()).sum(),
+        kl: (kl * weight.clone()).sum().detach(),
+        clipfrac: (was_clipped * weight.clone()).sum().detach()
+            / weight.sum().detach().clamp_min(1e-12),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::NdArray;
+
+    type B = NdArray<f32>;
+
+    fn t(v: &[f32]) -> Tensor<B, 2> {
+        Tensor::<B, 1>::from_floats(v, &Default::default()).reshape([1, v.len()])
+    }
+
+    fn host(x: Tensor<B, 2>) -> Vec<f32> {
+        x.into_data().to_vec::<f32>().expect("f32")
+    }
+
+    #[test]
+    fn kl_estimators_hand_computed() {
+        // new = ln 0.5, target = ln 0.25: log r = ln 0.5 = −0.693147
+        let new = t(&[0.5f32.ln(), 0.3f32.ln()]);
+        let tgt = t(&[0.25f32.ln(), 0.3f32.ln()]);
+        let k1 = host(kl_estimate(KlEstimator::K1, new.clone(), tgt.clone()));
+        let k2 = host(kl_estimate(KlEstimator::K2, new.clone(), tgt.clone()));
+        let k3 = host(kl_estimate(KlEstimator::K3, new, tgt));
+        assert!((k1[0] - 0.693_147).abs() < 1e-5);
+        assert!((k2[0] - 0.240_227).abs() < 1e-5); // ½ · 0.693147²
+        assert!((k3[0] - 0.193_147).abs() < 1e-5); // 0.5 − 1 + 0.693147
+        for k in [k1[1], k2[1], k3[1]] {
+            assert!(k.abs() < 1e-7, "equal log-probs give zero KL");
+        }
+    }
+
+    #[test]
+    fn clipped_surrogate_hand_computed() {
+        // Token 0: ratio 1.5, A = +1 → clipped to 1.2 (surrogate 1.2).
+        // Token 1: ratio 0.5, A = +1 → min(0.5, 0.8) = 0.5, not clipped.
+        // Token 2: ratio 0.5, A = −2 → min(−1.0, −1.6) = −1.6, clipped.
+        // Token 3: weight 0 (ignored).
+        let old = t(&[0.0, 0.0, 0.0, 0.0]);
+        let new = t(&[1.5f32.ln(), 0.5f32.ln(), 0.5f32.ln(), 3.0]);
+        let adv = t(&[1.0, 1.0, -2.0, 5.0]);
+        let w = t(&[0.25, 0.25, 0.5, 0.0]);
+        let out = ppo_loss(new, old.clone(), old, adv, w, 0.2, 0.0, KlEstimator::K3);
+        let loss = out.loss.into_scalar();
+        // −(0.25·1.2 + 0.25·0.5 + 0.5·(−1.6)) = −(0.3 + 0.125 − 0.8) = 0.375
+        assert!((loss - 0.375).abs() < 1e-5, "{loss}");
+        let cf = out.clipfrac.into_scalar();
+        assert!((cf - 0.75).abs() < 1e-6, "{cf}");
+    }
+}

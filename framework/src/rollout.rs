@@ -1,0 +1,123 @@
+//! Multi-turn rollouts: the policy writes one step (one line) at a time, the environment
+//! answers with an observation, until the episode ends or the step budget runs out. Every
+//! active episode of every task advances together in one batched `generate` call per turn.
+
+use crate::env::Episode;
+use crate::lm::{CausalLm, SampleParams, Tokenizer};
+use crate::rng::Rng;
+use burn::prelude::Backend;
+use serde::Serialize;
+
+/// One step the policy took: where its tokens sit in the trajectory's token sequence.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepSpan {
+    /// First generated token of the step (index into `Trajectory::tokens`).
+    pub start: usize,
+    /// One past the last generated token of the step.
+    pub end: usize,
+    /// The action text the environment received.
+    pub text: String,
+    /// The environment's oracle label for the step.
+    pub oracle: bool,
+}
+
+/// One played-out episode.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Trajectory {
+    /// Which task (group) of the batch it belongs to.
+    pub task: usize,
+    /// BOS, prompt, and every step and observation, as the policy saw them.
+    pub tokens: Vec<u32>,
+    /// The policy's steps, in order.
+    pub steps: Vec<StepSpan>,
+    /// The verifier's verdict.
+    pub outcome: bool,
+    /// The task text.
+    pub prompt: String,
+}
+
+impl Trajectory {
+    /// Number of tokens the policy generated.
+    pub fn generated_tokens(&self) -> usize {
+        self.steps.iter().map(|s| s.end - s.start).sum()
+    }
+}
+
+/// Plays `episodes` (paired with their task index) to the end with `model`.
+///
+/// A step is at most `params.max_new_tokens` tokens and ends at the step delimiter; an
+/// episode ends when the environment says so, after `max_env_steps` steps, or when its
+/// context would no longer fit in the model.
+pub fn rollout<B: Backend, M: CausalLm<B>>(
+    model: &M,
+    tok: &dyn Tokenizer,
+    episodes: Vec<(usize, Box<dyn Episode>)>,
+    params: &SampleParams,
+    max_env_steps: usize,
+    rng: &mut Rng,
+) -> Vec<Trajectory> {
+    let delim = tok.step_delimiter();
+    let mut eps: Vec<(usize, Box<dyn Episode>, Vec<u32>, Vec<StepSpan>)> = episodes
+        .into_iter()
+        .map(|(task, ep)| {
+            let mut ctx = vec![tok.bos()];
+            ctx.extend(tok.encode(&ep.prompt()));
+            (task, ep, ctx, Vec::new())
+        })
+        .collect();
+
+    for _turn in 0..max_env_steps {
+        let active: Vec<usize> = (0..eps.len())
+            .filter(|&i| {
+                let (_, ep, ctx, _) = &eps[i];
+                !ep.done() && ctx.len() + params.max_new_tokens < model.max_seq_len()
+            })
+            .collect();
+        if active.is_empty() {
+            break;
+        }
+        let prompts: Vec<Vec<u32>> = active.iter().map(|&i| eps[i].2.clone()).collect();
+        let gens = model.generate(&prompts, params, rng);
+        for (&i, g) in active.iter().zip(gens) {
+            let (_, ep, ctx, steps) = &mut eps[i];
+            let start = ctx.len();
+            ctx.extend_from_slice(&g.tokens);
+            let end = ctx.len();
+            let body: Vec<u32> = g
+                .tokens
+                .iter()
+                .copied()
+                .filter(|&t| t != delim && t != tok.eos())
+                .collect();
+            if g.tokens.last() != Some(&delim) {
+                // A step cut short still ends its line in the context (not trained on).
+                ctx.push(delim);
+            }
+            let text = tok.decode(&body);
+            let result = ep.step(&text);
+            let oracle = ep.oracle_label(steps.len());
+            steps.push(StepSpan {
+                start,
+                end,
+                text,
+                oracle,
+            });
+            if !result.observation.is_empty() {
+                ctx.extend(tok.encode(&result.observation));
+                if !result.observation.ends_with('\n') {
+                    ctx.push(delim);
+                }
+            }
+        }
+    }
+
+    eps.into_iter()
+        .map(|(task, ep, tokens, steps)| Trajectory {
+            task,
+            outcome: ep.outcome(),
+            prompt: ep.prompt(),
+            tokens,
+            steps,
+        })
+        .collect()
+}

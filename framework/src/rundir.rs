@@ -1,0 +1,230 @@
+//! The run directory `runs/<name>/seed-<n>/`: `resolved.ron`, `meta.json`,
+//! `metrics.jsonl` (one JSON object per line, namespaced keys), `samples.jsonl`,
+//! `checkpoints/`.
+
+use serde_json::{Map, Value};
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+
+/// Errors of the run directory.
+#[derive(Debug, thiserror::Error)]
+pub enum RunDirError {
+    /// A file operation failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A fresh run would overwrite an existing one.
+    #[error("{0} already holds a run; pass --resume {0} to continue it, or remove it")]
+    Exists(PathBuf),
+    /// A resumed run was started with a different experiment.
+    #[error(
+        "{path}: the experiment differs from the one this run was started with (resolved.ron); resume with the same file"
+    )]
+    Mismatch {
+        /// The run's resolved.ron.
+        path: PathBuf,
+    },
+    /// A metrics line is not valid JSON.
+    #[error("{path}:{line}: not a metrics line: {message}")]
+    BadLine {
+        /// metrics.jsonl.
+        path: PathBuf,
+        /// 1-based line.
+        line: usize,
+        /// Parser message.
+        message: String,
+    },
+}
+
+pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RunDirError + '_ {
+    move |source| RunDirError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// One metrics line: `step` plus namespaced keys, written in sorted key order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Metrics(pub Map<String, Value>);
+
+impl Metrics {
+    /// A line for training step `step`.
+    pub fn new(step: usize) -> Self {
+        let mut m = Map::new();
+        m.insert("step".into(), Value::from(step));
+        Self(m)
+    }
+
+    /// Sets a numeric key (non-finite values are written as `null`).
+    pub fn set(&mut self, key: &str, value: f64) {
+        let v = serde_json::Number::from_f64(value).map_or(Value::Null, Value::Number);
+        self.0.insert(key.to_string(), v);
+    }
+
+    /// A numeric key, if present.
+    pub fn get(&self, key: &str) -> Option<f64> {
+        self.0.get(key).and_then(Value::as_f64)
+    }
+}
+
+/// An open run directory.
+#[derive(Debug, Clone)]
+pub struct RunDir {
+    root: PathBuf,
+}
+
+impl RunDir {
+    /// Creates a fresh run directory; refuses to reuse one that holds metrics.
+    pub fn create(root: &Path, resolved_ron: &str, meta: &Value) -> Result<Self, RunDirError> {
+        if root.join("metrics.jsonl").exists() || root.join("checkpoints").exists() {
+            return Err(RunDirError::Exists(root.to_path_buf()));
+        }
+        fs::create_dir_all(root.join("checkpoints")).map_err(io(root))?;
+        let dir = Self {
+            root: root.to_path_buf(),
+        };
+        write_atomic(&dir.root.join("resolved.ron"), resolved_ron.as_bytes())?;
+        let meta = serde_json::to_string_pretty(meta).unwrap_or_default();
+        write_atomic(&dir.root.join("meta.json"), meta.as_bytes())?;
+        Ok(dir)
+    }
+
+    /// Opens an existing run to resume it; `resolved_ron` must match the stored one.
+    pub fn open(root: &Path, resolved_ron: &str) -> Result<Self, RunDirError> {
+        let path = root.join("resolved.ron");
+        let stored = fs::read_to_string(&path).map_err(io(&path))?;
+        if stored.trim() != resolved_ron.trim() {
+            return Err(RunDirError::Mismatch { path });
+        }
+        Ok(Self {
+            root: root.to_path_buf(),
+        })
+    }
+
+    /// The directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// `checkpoints/`.
+    pub fn checkpoints(&self) -> PathBuf {
+        self.root.join("checkpoints")
+    }
+
+    /// `metrics.jsonl`.
+    pub fn metrics_path(&self) -> PathBuf {
+        self.root.join("metrics.jsonl")
+    }
+
+    /// Appends one metrics line (flushed at once, so a killed run loses nothing written).
+    pub fn log(&self, m: &Metrics) -> Result<(), RunDirError> {
+        append_line(&self.metrics_path(), &Value::Object(m.0.clone()))
+    }
+
+    /// Appends one sample record to `samples.jsonl`.
+    pub fn sample(&self, v: &Value) -> Result<(), RunDirError> {
+        append_line(&self.root.join("samples.jsonl"), v)
+    }
+
+    /// Drops every metrics/samples line written after `step` (used on resume, so the lines
+    /// of steps redone after the checkpoint are not duplicated).
+    pub fn truncate_after(&self, step: usize) -> Result<(), RunDirError> {
+        for name in ["metrics.jsonl", "samples.jsonl"] {
+            let path = self.root.join(name);
+            if !path.exists() {
+                continue;
+            }
+            let kept: Vec<String> = read_lines(&path)?
+                .into_iter()
+                .filter(|(v, _)| {
+                    v.get("step")
+                        .and_then(Value::as_u64)
+                        .is_some_and(|s| s as usize <= step)
+                })
+                .map(|(_, raw)| raw)
+                .collect();
+            let mut text = kept.join("\n");
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            write_atomic(&path, text.as_bytes())?;
+        }
+        Ok(())
+    }
+}
+
+/// Reads every line of a JSON-lines file as `(value, raw text)`.
+pub fn read_lines(path: &Path) -> Result<Vec<(Value, String)>, RunDirError> {
+    let f = File::open(path).map_err(io(path))?;
+    let mut out = Vec::new();
+    for (i, line) in BufReader::new(f).lines().enumerate() {
+        let line = line.map_err(io(path))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: Value = serde_json::from_str(&line).map_err(|e| RunDirError::BadLine {
+            path: path.to_path_buf(),
+            line: i + 1,
+            message: e.to_string(),
+        })?;
+        out.push((v, line));
+    }
+    Ok(out)
+}
+
+fn append_line(path: &Path, v: &Value) -> Result<(), RunDirError> {
+    let mut f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(io(path))?;
+    let mut line = v.to_string();
+    line.push('\n');
+    f.write_all(line.as_bytes()).map_err(io(path))?;
+    f.flush().map_err(io(path))
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file beside it, fsync, rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), RunDirError> {
+    let tmp = path.with_extension("tmp-write");
+    {
+        let mut f = File::create(&tmp).map_err(io(&tmp))?;
+        f.write_all(bytes).map_err(io(&tmp))?;
+        f.sync_all().map_err(io(&tmp))?;
+    }
+    fs::rename(&tmp, path).map_err(io(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncate_keeps_lines_up_to_the_checkpoint() {
+        let root = std::env::temp_dir().join(format!("rlany-rundir-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let dir = RunDir::create(&root, "X()", &Value::Null).expect("create");
+        for s in 0..5 {
+            let mut m = Metrics::new(s);
+            m.set("env/acc_mean", s as f64 / 10.0);
+            dir.log(&m).expect("log");
+        }
+        dir.truncate_after(2).expect("truncate");
+        let lines = read_lines(&dir.metrics_path()).expect("read");
+        assert_eq!(lines.len(), 3);
+        assert!(matches!(
+            RunDir::create(&root, "X()", &Value::Null),
+            Err(RunDirError::Exists(_))
+        ));
+        assert!(matches!(
+            RunDir::open(&root, "Y()"),
+            Err(RunDirError::Mismatch { .. })
+        ));
+        let _ = fs::remove_dir_all(&root);
+    }
+}

@@ -1,0 +1,20 @@
+//! # rlany-models
+//!
+//! The language models of RLAnything: a Llama/Qwen2-style decoder-only [`Transformer`]
+//! (policy and judge are two instances of it) with batched KV-cache generation, and the
+//! character-level [`CharTokenizer`] of the built-in environments. Both implement the
+//! traits of [`rlany_framework::lm`] ([`rlany_framework::CausalLm`],
+//! [`rlany_framework::Tokenizer`]), generic over the Burn backend.
+//!
+//! Papers: Llama (arXiv 2302.13971), Qwen2 (arXiv 2407.10671), RoPE (arXiv 2104.09864),
+//! grouped-query attention (arXiv 2305.13245), SwiGLU (arXiv 2002.05202), nucleus sampling
+//! (arXiv 1904.09751).
+
+mod error;
+mod sampling;
+mod tokenizer;
+mod transformer;
+
+pub use error::ModelError;
+pub use tokenizer::CharTokenizer;
+pub use transformer::{KvCache, Transformer, TransformerConfig};

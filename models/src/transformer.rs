@@ -1,0 +1,1640 @@
+//! A Llama/Qwen2-style decoder-only transformer with batched KV-cache generation.
+//!
+//! - Llama (Touvron et al., arXiv 2302.13971): pre-norm RMSNorm blocks, rotary positions,
+//!   SwiGLU MLP, no biases, untied LM head.
+//! - Qwen2 (Yang et al., arXiv 2407.10671): the same with a bias on the q/k/v projections
+//!   (`qkv_bias`) and optionally tied input/output embeddings (`tie_embeddings`).
+//! - RoPE (Su et al., arXiv 2104.09864), in the "rotate half" layout of Hugging Face Llama:
+//!   the pair `(x[i], x[i + head_dim/2])` is rotated by `position · θ^(−2i/head_dim)`.
+//! - Grouped-query attention (Ainslie et al., arXiv 2305.13245): `n_kv_heads` K/V heads,
+//!   each shared by `n_heads / n_kv_heads` consecutive query heads.
+//! - SwiGLU (Shazeer, arXiv 2002.05202): `down(silu(gate(x)) ⊙ up(x))`.
+//!
+//! The public surface is [`TransformerConfig`], [`Transformer`] (which implements
+//! [`CausalLm`]) and [`KvCache`].
+
+use std::path::{Path, PathBuf};
+
+use burn::module::{Initializer, ModuleVisitor, Param};
+use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
+use burn::prelude::*;
+use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
+use burn::tensor::DType;
+use burn::tensor::activation::{silu, softmax};
+use rlany_framework::{CausalLm, Generation, Rng, SampleParams};
+
+use crate::error::ModelError;
+use crate::sampling::Sampler;
+
+/// Additive attention bias of a masked-out key. Finite (not `-inf`) so that a query whose
+/// keys are all masked (a left-pad position) gets a harmless uniform row instead of NaN;
+/// any query with one visible key gives masked keys exactly zero weight in f32.
+const MASKED: f32 = -1.0e9;
+
+/// Token id fed at padding positions. Padding keys are masked out, so the id is irrelevant;
+/// 0 is valid in every vocabulary.
+const PAD_ID: i64 = 0;
+
+/// Configuration of a [`Transformer`].
+#[derive(Config, Debug)]
+pub struct TransformerConfig {
+    /// Number of token ids (input embedding rows and output logits).
+    pub vocab_size: usize,
+    /// Width of the residual stream.
+    pub d_model: usize,
+    /// Number of decoder blocks.
+    pub n_layers: usize,
+    /// Number of query heads (`d_model / n_heads` is the head dimension).
+    pub n_heads: usize,
+    /// Number of key/value heads (grouped-query attention); divides `n_heads`.
+    pub n_kv_heads: usize,
+    /// Hidden width of the SwiGLU MLP.
+    pub ffn_hidden: usize,
+    /// Longest context (prompt + generation); the size of the rotary tables.
+    pub max_seq_len: usize,
+    /// Base θ of the rotary frequencies.
+    #[config(default = 10000.0)]
+    pub rope_theta: f32,
+    /// Bias on the q, k and v projections (Qwen2).
+    #[config(default = false)]
+    pub qkv_bias: bool,
+    /// Use the transposed token embedding as the LM head instead of its own weights.
+    #[config(default = false)]
+    pub tie_embeddings: bool,
+    /// Epsilon of every RMSNorm.
+    #[config(default = 1e-5)]
+    pub norm_eps: f64,
+}
+
+impl TransformerConfig {
+    /// Checks that the sizes describe a model: all positive, `d_model` divisible by
+    /// `n_heads`, an even head dimension (rotary pairs), `n_heads` divisible by
+    /// `n_kv_heads`, and a positive finite `rope_theta` and `norm_eps`.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let invalid = |m: String| Err(ModelError::InvalidConfig(m));
+        for (name, value) in [
+            ("vocab_size", self.vocab_size),
+            ("d_model", self.d_model),
+            ("n_layers", self.n_layers),
+            ("n_heads", self.n_heads),
+            ("n_kv_heads", self.n_kv_heads),
+            ("ffn_hidden", self.ffn_hidden),
+            ("max_seq_len", self.max_seq_len),
+        ] {
+            if value == 0 {
+                return invalid(format!("{name} must be positive"));
+            }
+        }
+        if !self.d_model.is_multiple_of(self.n_heads) {
+            return invalid(format!(
+                "d_model {} is not divisible by n_heads {}",
+                self.d_model, self.n_heads
+            ));
+        }
+        if !self.head_dim().is_multiple_of(2) {
+            return invalid(format!(
+                "head_dim {} (d_model / n_heads) must be even for rotary positions",
+                self.head_dim()
+            ));
+        }
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
+            return invalid(format!(
+                "n_heads {} is not divisible by n_kv_heads {}",
+                self.n_heads, self.n_kv_heads
+            ));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return invalid(format!("rope_theta {} must be positive", self.rope_theta));
+        }
+        if !(self.norm_eps.is_finite() && self.norm_eps > 0.0) {
+            return invalid(format!("norm_eps {} must be positive", self.norm_eps));
+        }
+        Ok(())
+    }
+
+    /// Width of one attention head, `d_model / n_heads`.
+    pub fn head_dim(&self) -> usize {
+        self.d_model / self.n_heads.max(1)
+    }
+
+    /// Builds a freshly initialised model on `device` (embedding ~ N(0, 0.02²), linear
+    /// layers with Burn's default Kaiming-uniform, norms at 1).
+    ///
+    /// Every parameter is materialised here: Burn parameters are otherwise initialised
+    /// lazily, and a clone of a never-read model would draw its own, different weights.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Result<Transformer<B>, ModelError> {
+        struct Materialize;
+        impl<B: Backend> ModuleVisitor<B> for Materialize {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+                let _ = param.val();
+            }
+        }
+        let model = self.build::<B>(device)?;
+        model.visit(&mut Materialize);
+        Ok(model)
+    }
+
+    /// Builds a freshly initialised model whose every weight is drawn from `rng` (not from
+    /// the backend's global RNG, which is shared by everything in the process): embedding
+    /// ~ N(0, 0.02²), linear weights ~ U(±1/√fan_in) (Burn's default Kaiming-uniform bound),
+    /// biases 0, norm gains 1. The same `rng` state gives the same model on every backend.
+    pub fn init_seeded<B: Backend>(
+        &self,
+        device: &B::Device,
+        rng: &mut Rng,
+    ) -> Result<Transformer<B>, ModelError> {
+        Ok(self.build::<B>(device)?.map(&mut SeededInit {
+            rng,
+            path: Vec::new(),
+        }))
+    }
+
+    /// The model with lazily initialised parameters (for loading weights into).
+    fn build<B: Backend>(&self, device: &B::Device) -> Result<Transformer<B>, ModelError> {
+        self.validate()?;
+        let head_dim = self.head_dim();
+        let linear = |d_in: usize, d_out: usize, bias: bool| {
+            LinearConfig::new(d_in, d_out)
+                .with_bias(bias)
+                .init::<B>(device)
+        };
+        let norm = || {
+            RmsNormConfig::new(self.d_model)
+                .with_epsilon(self.norm_eps)
+                .init::<B>(device)
+        };
+        let blocks = (0..self.n_layers)
+            .map(|_| Block {
+                attention_norm: norm(),
+                attention: Attention {
+                    query: linear(self.d_model, self.n_heads * head_dim, self.qkv_bias),
+                    key: linear(self.d_model, self.n_kv_heads * head_dim, self.qkv_bias),
+                    value: linear(self.d_model, self.n_kv_heads * head_dim, self.qkv_bias),
+                    output: linear(self.n_heads * head_dim, self.d_model, false),
+                    n_heads: self.n_heads,
+                    n_kv_heads: self.n_kv_heads,
+                    head_dim,
+                },
+                mlp_norm: norm(),
+                mlp: SwiGlu {
+                    gate: linear(self.d_model, self.ffn_hidden, false),
+                    up: linear(self.d_model, self.ffn_hidden, false),
+                    down: linear(self.ffn_hidden, self.d_model, false),
+                },
+            })
+            .collect();
+        let (rope_cos, rope_sin) =
+            rotary_tables::<B>(self.max_seq_len, head_dim, self.rope_theta, device);
+        Ok(Transformer {
+            embedding: EmbeddingConfig::new(self.vocab_size, self.d_model)
+                .with_initializer(Initializer::Normal {
+                    mean: 0.0,
+                    std: 0.02,
+                })
+                .init(device),
+            blocks,
+            norm: norm(),
+            lm_head: (!self.tie_embeddings).then(|| linear(self.d_model, self.vocab_size, false)),
+            rope_cos,
+            rope_sin,
+            config: self.clone(),
+        })
+    }
+}
+
+/// Draws every float parameter from the run's [`Rng`]; the leaf field name (`weight`,
+/// `bias`, `gamma`) and whether the path passes through `embedding` pick the scheme.
+struct SeededInit<'a> {
+    rng: &'a mut Rng,
+    path: Vec<String>,
+}
+
+impl<B: Backend> burn::module::ModuleMapper<B> for SeededInit<'_> {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_string());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let leaf = self.path.last().cloned().unwrap_or_default();
+        let in_embedding = self.path.iter().any(|p| p == "embedding");
+        let rng = &mut *self.rng;
+        param.map(|t| {
+            let shape = t.shape();
+            let dims = shape.as_slice().to_vec();
+            let n: usize = dims.iter().product();
+            let values: Vec<f32> = match leaf.as_str() {
+                "gamma" => vec![1.0; n],
+                "bias" => vec![0.0; n],
+                _ if in_embedding => (0..n).map(|_| (0.02 * rng.normal()) as f32).collect(),
+                _ => {
+                    // Burn's Linear stores weights as [d_in, d_out]: fan_in = dims[0].
+                    let bound = 1.0 / (dims.first().copied().unwrap_or(1).max(1) as f64).sqrt();
+                    (0..n)
+                        .map(|_| (bound * (2.0 * rng.uniform() - 1.0)) as f32)
+                        .collect()
+                }
+            };
+            Tensor::from_data(TensorData::new(values, shape), &t.device())
+                .set_require_grad(t.is_require_grad())
+        })
+    }
+}
+
+/// Rotary tables `cos(p · θ^(−2i/head_dim))`, `sin(…)` for every position `p <
+/// max_seq_len` and pair `i < head_dim / 2`, computed in f64 on the host once.
+///
+/// # Shapes
+/// - outputs: `[max_seq_len, head_dim / 2]` each
+fn rotary_tables<B: Backend>(
+    max_seq_len: usize,
+    head_dim: usize,
+    theta: f32,
+    device: &B::Device,
+) -> (Tensor<B, 2>, Tensor<B, 2>) {
+    let half = head_dim / 2;
+    let mut cos = Vec::with_capacity(max_seq_len * half);
+    let mut sin = Vec::with_capacity(max_seq_len * half);
+    for p in 0..max_seq_len {
+        for i in 0..half {
+            let inv_freq = (theta as f64).powf(-2.0 * i as f64 / head_dim as f64);
+            let angle = p as f64 * inv_freq;
+            cos.push(angle.cos() as f32);
+            sin.push(angle.sin() as f32);
+        }
+    }
+    (
+        Tensor::from_data(TensorData::new(cos, [max_seq_len, half]), device),
+        Tensor::from_data(TensorData::new(sin, [max_seq_len, half]), device),
+    )
+}
+
+/// Rotates `x` by the angles whose cosines and sines are given ("rotate half" layout):
+/// `[x1, x2] ↦ [x1·cos − x2·sin, x2·cos + x1·sin]` with `x1, x2` the two halves of the
+/// head dimension.
+///
+/// # Shapes
+/// - `x`: `[batch, heads, seq, head_dim]`
+/// - `cos`, `sin`: `[batch or 1, 1, seq, head_dim / 2]`
+/// - output: `[batch, heads, seq, head_dim]`
+fn apply_rotary<B: Backend>(
+    x: Tensor<B, 4>,
+    cos: &Tensor<B, 4>,
+    sin: &Tensor<B, 4>,
+) -> Tensor<B, 4> {
+    let half = x.dims()[3] / 2;
+    let x1 = x.clone().narrow(3, 0, half);
+    let x2 = x.narrow(3, half, half);
+    Tensor::cat(
+        vec![
+            x1.clone() * cos.clone() - x2.clone() * sin.clone(),
+            x2 * cos.clone() + x1 * sin.clone(),
+        ],
+        3,
+    )
+}
+
+/// `layer` applied as one matrix product over all rows: Burn's `Linear` on a rank-3 input
+/// runs one small product per batch row, far slower on CPU than a single flat product.
+///
+/// # Shapes
+/// - `x`: `[batch, seq, d_input]`
+/// - output: `[batch, seq, d_output]`
+fn project<B: Backend>(layer: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    let [batch, seq, d_input] = x.dims();
+    // [batch * seq, d_input] -> [batch * seq, d_output]
+    let y = layer.forward(x.reshape([batch * seq, d_input]));
+    let d_output = y.dims()[1];
+    // [batch, seq, d_output]
+    y.reshape([batch, seq, d_output])
+}
+
+/// Keys and values of one layer, already rotated.
+#[derive(Debug, Clone)]
+struct LayerKv<B: Backend> {
+    /// `[batch, kv_heads, len, head_dim]`
+    key: Tensor<B, 4>,
+    /// `[batch, kv_heads, len, head_dim]`
+    value: Tensor<B, 4>,
+}
+
+/// Keys and values of the positions seen so far, per layer, for incremental decoding.
+///
+/// Each layer holds K and V of shape `[batch, kv_heads, len, head_dim]` (K after the
+/// rotation); every [`Transformer::forward_with`] call that is given the cache appends its
+/// positions along dim 2.
+#[derive(Debug, Clone)]
+pub struct KvCache<B: Backend> {
+    layers: Vec<Option<LayerKv<B>>>,
+}
+
+impl<B: Backend> KvCache<B> {
+    /// An empty cache for a model with `n_layers` blocks.
+    pub fn new(n_layers: usize) -> Self {
+        Self {
+            layers: vec![None; n_layers],
+        }
+    }
+
+    /// Number of cached positions (0 when empty).
+    pub fn len(&self) -> usize {
+        self.layers
+            .first()
+            .and_then(|l| l.as_ref())
+            .map_or(0, |l| l.key.dims()[2])
+    }
+
+    /// Whether no position is cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Grouped-query self-attention with rotary positions.
+#[derive(Module, Debug)]
+pub struct Attention<B: Backend> {
+    query: Linear<B>,
+    key: Linear<B>,
+    value: Linear<B>,
+    output: Linear<B>,
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+}
+
+impl<B: Backend> Attention<B> {
+    /// Attention of every position of `x` over the cached keys and its own causal prefix.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, seq, d_model]`
+    /// - `cos`, `sin`: `[batch or 1, 1, seq, head_dim / 2]`
+    /// - `bias`: `[batch or 1, 1, seq, cache_len + seq]` (f32, 0 or [`MASKED`])
+    /// - cached K/V: `[batch, kv_heads, cache_len, head_dim]`
+    /// - output: `[batch, seq, d_model]`
+    fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        cos: &Tensor<B, 4>,
+        sin: &Tensor<B, 4>,
+        bias: Option<&Tensor<B, 4>>,
+        cache: Option<&mut Option<LayerKv<B>>>,
+    ) -> Tensor<B, 3> {
+        let [batch, seq, _] = x.dims();
+        let (heads, kv_heads, head_dim) = (self.n_heads, self.n_kv_heads, self.head_dim);
+        let group = heads / kv_heads;
+
+        // [batch, seq, heads, head_dim] -> [batch, heads, seq, head_dim]
+        let q = project(&self.query, x.clone())
+            .reshape([batch, seq, heads, head_dim])
+            .swap_dims(1, 2);
+        // [batch, seq, kv_heads, head_dim] -> [batch, kv_heads, seq, head_dim]
+        let k = project(&self.key, x.clone())
+            .reshape([batch, seq, kv_heads, head_dim])
+            .swap_dims(1, 2);
+        // [batch, seq, kv_heads, head_dim] -> [batch, kv_heads, seq, head_dim]
+        let v = project(&self.value, x)
+            .reshape([batch, seq, kv_heads, head_dim])
+            .swap_dims(1, 2);
+        let q = apply_rotary(q, cos, sin);
+        let k = apply_rotary(k, cos, sin);
+
+        let (k, v) = match cache {
+            Some(slot) => {
+                let (k, v) = match slot.take() {
+                    Some(prev) => (
+                        Tensor::cat(vec![prev.key, k], 2),
+                        Tensor::cat(vec![prev.value, v], 2),
+                    ),
+                    None => (k, v),
+                };
+                *slot = Some(LayerKv {
+                    key: k.clone(),
+                    value: v.clone(),
+                });
+                (k, v)
+            }
+            None => (k, v),
+        };
+        let keys = k.dims()[2];
+
+        // Each K/V head serves `group` consecutive query heads (the repeat of GQA), done by
+        // folding those heads into the row dimension instead of copying K and V:
+        // [batch, kv_heads, group * seq, head_dim]
+        let q = q.mul_scalar((head_dim as f64).powf(-0.5)).reshape([
+            batch,
+            kv_heads,
+            group * seq,
+            head_dim,
+        ]);
+        // [batch, kv_heads, group * seq, keys] -> [batch, heads, seq, keys]
+        let scores = q
+            .matmul(k.swap_dims(2, 3))
+            .reshape([batch, heads, seq, keys]);
+        let dtype = scores.dtype();
+        let mut scores = scores.cast(DType::F32);
+        if let Some(bias) = bias {
+            scores = scores + bias.clone();
+        }
+        // [batch, heads, seq, keys] -> [batch, kv_heads, group * seq, keys]
+        let weights = softmax(scores, 3)
+            .cast(dtype)
+            .reshape([batch, kv_heads, group * seq, keys]);
+        // [batch, kv_heads, group * seq, head_dim] -> [batch, heads, seq, head_dim]
+        let context = weights.matmul(v).reshape([batch, heads, seq, head_dim]);
+        // [batch, seq, heads, head_dim] -> [batch, seq, heads * head_dim]
+        let context = context
+            .swap_dims(1, 2)
+            .reshape([batch, seq, heads * head_dim]);
+        project(&self.output, context)
+    }
+}
+
+/// SwiGLU feed-forward: `down(silu(gate(x)) ⊙ up(x))`, no biases.
+#[derive(Module, Debug)]
+pub struct SwiGlu<B: Backend> {
+    gate: Linear<B>,
+    up: Linear<B>,
+    down: Linear<B>,
+}
+
+impl<B: Backend> SwiGlu<B> {
+    /// # Shapes
+    /// - `x`: `[batch, seq, d_model]`
+    /// - output: `[batch, seq, d_model]`
+    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let gate = silu(project(&self.gate, x.clone()));
+        project(&self.down, gate * project(&self.up, x))
+    }
+}
+
+/// One pre-norm decoder block: `h = x + attn(norm(x))`, `out = h + mlp(norm(h))`.
+#[derive(Module, Debug)]
+pub struct Block<B: Backend> {
+    attention_norm: RmsNorm<B>,
+    attention: Attention<B>,
+    mlp_norm: RmsNorm<B>,
+    mlp: SwiGlu<B>,
+}
+
+impl<B: Backend> Block<B> {
+    /// # Shapes
+    /// - `x`: `[batch, seq, d_model]`
+    /// - `cos`, `sin`: `[batch or 1, 1, seq, head_dim / 2]`
+    /// - `bias`: `[batch or 1, 1, seq, cache_len + seq]`
+    /// - output: `[batch, seq, d_model]`
+    fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        cos: &Tensor<B, 4>,
+        sin: &Tensor<B, 4>,
+        bias: Option<&Tensor<B, 4>>,
+        cache: Option<&mut Option<LayerKv<B>>>,
+    ) -> Tensor<B, 3> {
+        let h = x.clone()
+            + self
+                .attention
+                .forward(self.attention_norm.forward(x), cos, sin, bias, cache);
+        h.clone() + self.mlp.forward(self.mlp_norm.forward(h))
+    }
+}
+
+/// A Llama/Qwen2-style decoder: token embedding, [`TransformerConfig::n_layers`] pre-norm
+/// blocks (RMSNorm → GQA attention with rotary positions → residual → RMSNorm → SwiGLU →
+/// residual), a final RMSNorm and an LM head (own weights or the tied embedding).
+///
+/// Build it with [`TransformerConfig::init`] or [`Transformer::load`].
+#[derive(Module, Debug)]
+pub struct Transformer<B: Backend> {
+    embedding: Embedding<B>,
+    blocks: Vec<Block<B>>,
+    norm: RmsNorm<B>,
+    lm_head: Option<Linear<B>>,
+    /// `[max_seq_len, head_dim / 2]`, a constant (not a parameter, not saved).
+    rope_cos: Tensor<B, 2>,
+    /// `[max_seq_len, head_dim / 2]`, a constant (not a parameter, not saved).
+    rope_sin: Tensor<B, 2>,
+    #[module(skip)]
+    config: TransformerConfig,
+}
+
+/// Additive causal bias: query `i` (absolute position `cache_len + i`) sees keys
+/// `j <= cache_len + i`. `None` when `seq == 1` (a single new query sees every key).
+///
+/// # Shapes
+/// - output: `[1, 1, seq, cache_len + seq]` (f32)
+fn causal_bias<B: Backend>(
+    cache_len: usize,
+    seq: usize,
+    device: &B::Device,
+) -> Option<Tensor<B, 4>> {
+    if seq <= 1 {
+        return None;
+    }
+    let keys = cache_len + seq;
+    let mut bias = vec![0.0f32; seq * keys];
+    for i in 0..seq {
+        for j in (cache_len + i + 1)..keys {
+            bias[i * keys + j] = MASKED;
+        }
+    }
+    Some(Tensor::from_data(
+        TensorData::new(bias, [1, 1, seq, keys]),
+        (device, DType::F32),
+    ))
+}
+
+/// Sum of the optional causal and key-padding biases.
+fn combine_bias<B: Backend>(
+    causal: Option<Tensor<B, 4>>,
+    keys: Option<Tensor<B, 4>>,
+) -> Option<Tensor<B, 4>> {
+    match (causal, keys) {
+        (Some(c), Some(k)) => Some(c + k),
+        (c, k) => c.or(k),
+    }
+}
+
+impl<B: Backend> Transformer<B> {
+    /// The configuration the model was built from.
+    pub fn config(&self) -> &TransformerConfig {
+        &self.config
+    }
+
+    /// An empty KV cache sized for this model.
+    pub fn new_cache(&self) -> KvCache<B> {
+        KvCache::new(self.blocks.len())
+    }
+
+    /// Final hidden states (after the last RMSNorm) at explicit positions, optionally
+    /// attending over and extending a KV cache. Apply [`Transformer::logits`] to get logits.
+    ///
+    /// Every query attends to the cached keys and to the keys of this call up to itself
+    /// (causal), minus those marked in `key_mask`.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, seq]`
+    /// - `positions`: `[batch, seq]`, rotary position of each token, each `< max_seq_len`
+    ///   (left-padded rows count from their first real token; pads may use 0)
+    /// - `key_mask`: `[batch, cache_len + seq]`, `true` = masked out (padding)
+    /// - `cache`: K/V `[batch, kv_heads, cache_len, head_dim]` per layer, grown by `seq`
+    /// - output: `[batch, seq, d_model]`
+    ///
+    /// # Panics
+    /// On shapes that disagree with the above or a cache built for another layer count.
+    pub fn forward_with(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        positions: Tensor<B, 2, Int>,
+        key_mask: Option<Tensor<B, 2, Bool>>,
+        cache: Option<&mut KvCache<B>>,
+    ) -> Tensor<B, 3> {
+        let [batch, seq] = tokens.dims();
+        assert_eq!(
+            positions.dims(),
+            [batch, seq],
+            "positions must have the shape of tokens"
+        );
+        let cache_len = cache.as_ref().map_or(0, |c| c.len());
+        let device = tokens.device();
+        let (cos, sin) = self.rotary_at(positions);
+        let keys = key_mask.map(|mask| {
+            assert_eq!(
+                mask.dims(),
+                [batch, cache_len + seq],
+                "key_mask must be [batch, cache_len + seq]"
+            );
+            // [batch, 1, 1, cache_len + seq]
+            mask.float()
+                .cast(DType::F32)
+                .mul_scalar(MASKED)
+                .reshape([batch, 1, 1, cache_len + seq])
+        });
+        let bias = combine_bias(causal_bias::<B>(cache_len, seq, &device), keys);
+        self.forward_hidden(tokens, &cos, &sin, bias.as_ref(), cache)
+    }
+
+    /// Logits of hidden states (the LM head, or the transposed embedding when tied).
+    ///
+    /// # Shapes
+    /// - `hidden`: `[batch, seq, d_model]`
+    /// - output: `[batch, seq, vocab]`
+    pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        match &self.lm_head {
+            Some(head) => project(head, hidden),
+            None => {
+                let [batch, seq, d_model] = hidden.dims();
+                // [batch * seq, d_model] x [d_model, vocab] -> [batch, seq, vocab]
+                hidden
+                    .reshape([batch * seq, d_model])
+                    .matmul(self.embedding.weight.val().transpose())
+                    .reshape([batch, seq, self.config.vocab_size])
+            }
+        }
+    }
+
+    /// Rotary cosines and sines gathered at `positions`.
+    ///
+    /// # Shapes
+    /// - `positions`: `[batch, seq]`
+    /// - outputs: `[batch, 1, seq, head_dim / 2]`
+    fn rotary_at(&self, positions: Tensor<B, 2, Int>) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let [batch, seq] = positions.dims();
+        let half = self.config.head_dim() / 2;
+        // [batch * seq]
+        let flat = positions.reshape([batch * seq]);
+        // [batch * seq, half] -> [batch, 1, seq, half]
+        let cos = self
+            .rope_cos
+            .clone()
+            .select(0, flat.clone())
+            .reshape([batch, 1, seq, half]);
+        // [batch * seq, half] -> [batch, 1, seq, half]
+        let sin = self
+            .rope_sin
+            .clone()
+            .select(0, flat)
+            .reshape([batch, 1, seq, half]);
+        (cos, sin)
+    }
+
+    /// Rotary cosines and sines of positions `0..seq` (shared by every row).
+    ///
+    /// # Shapes
+    /// - outputs: `[1, 1, seq, head_dim / 2]`
+    fn rotary_prefix(&self, seq: usize) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let half = self.config.head_dim() / 2;
+        // [seq, half] -> [1, 1, seq, half]
+        let cos = self
+            .rope_cos
+            .clone()
+            .narrow(0, 0, seq)
+            .reshape([1, 1, seq, half]);
+        // [seq, half] -> [1, 1, seq, half]
+        let sin = self
+            .rope_sin
+            .clone()
+            .narrow(0, 0, seq)
+            .reshape([1, 1, seq, half]);
+        (cos, sin)
+    }
+
+    /// The decoder stack on prepared rotary angles and attention bias.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, seq]`
+    /// - `cos`, `sin`: `[batch or 1, 1, seq, head_dim / 2]`
+    /// - `bias`: `[batch or 1, 1, seq, cache_len + seq]` (f32)
+    /// - output: `[batch, seq, d_model]`
+    fn forward_hidden(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        cos: &Tensor<B, 4>,
+        sin: &Tensor<B, 4>,
+        bias: Option<&Tensor<B, 4>>,
+        mut cache: Option<&mut KvCache<B>>,
+    ) -> Tensor<B, 3> {
+        if let Some(cache) = cache.as_deref() {
+            assert_eq!(
+                cache.layers.len(),
+                self.blocks.len(),
+                "the KV cache was built for another number of layers"
+            );
+        }
+        let mut x = self.embedding.forward(tokens);
+        for (i, block) in self.blocks.iter().enumerate() {
+            let layer = cache.as_deref_mut().map(|c| &mut c.layers[i]);
+            x = block.forward(x, cos, sin, bias, layer);
+        }
+        self.norm.forward(x)
+    }
+
+    /// Path of the JSON config saved beside the weights of `path` (extension `json`; the
+    /// weights themselves get extension `mpk`).
+    pub fn config_path(path: &Path) -> PathBuf {
+        path.with_extension("json")
+    }
+
+    /// Saves the weights (full precision, named MessagePack, at `path` with extension `mpk`)
+    /// and the config as JSON beside them ([`Transformer::config_path`]).
+    pub fn save(&self, path: &Path) -> Result<(), ModelError> {
+        let recorder = NamedMpkFileRecorder::<FullPrecisionSettings>::new();
+        self.clone()
+            .save_file(path.to_path_buf(), &recorder)
+            .map_err(|e| ModelError::Save {
+                path: path.with_extension("mpk"),
+                message: e.to_string(),
+            })?;
+        let config_path = Self::config_path(path);
+        self.config
+            .save(&config_path)
+            .map_err(|e| ModelError::Save {
+                path: config_path,
+                message: e.to_string(),
+            })
+    }
+
+    /// Loads weights saved by [`Transformer::save`] into a model built from `config` on
+    /// `device`. A missing or corrupt file, or weights whose shapes (or, when the JSON config
+    /// is beside them, whose architecture) differ from `config`, is an error.
+    pub fn load(
+        config: &TransformerConfig,
+        path: &Path,
+        device: &B::Device,
+    ) -> Result<Self, ModelError> {
+        let weights_path = path.with_extension("mpk");
+        let config_path = Self::config_path(path);
+        if config_path.exists() {
+            let saved = TransformerConfig::load(&config_path).map_err(|e| ModelError::Load {
+                path: config_path.clone(),
+                message: e.to_string(),
+            })?;
+            let arch = |c: &TransformerConfig| {
+                (
+                    c.vocab_size,
+                    c.d_model,
+                    c.n_layers,
+                    c.n_heads,
+                    c.n_kv_heads,
+                    c.ffn_hidden,
+                    c.qkv_bias,
+                    c.tie_embeddings,
+                )
+            };
+            if arch(&saved) != arch(config) {
+                return Err(ModelError::Mismatch {
+                    path: config_path,
+                    message: format!("saved config {saved} differs from the given {config}"),
+                });
+            }
+        }
+        let fresh = config.build::<B>(device)?;
+        let expected = param_shapes(&fresh);
+        let recorder = NamedMpkFileRecorder::<FullPrecisionSettings>::new();
+        let record: TransformerRecord<B> =
+            recorder
+                .load(path.to_path_buf(), device)
+                .map_err(|e| ModelError::Load {
+                    path: weights_path.clone(),
+                    message: e.to_string(),
+                })?;
+        let model = fresh.load_record(record);
+        let found = param_shapes(&model);
+        if found != expected {
+            return Err(ModelError::Mismatch {
+                path: weights_path,
+                message: format!(
+                    "parameter shapes {found:?} differ from the config's {expected:?}"
+                ),
+            });
+        }
+        Ok(model)
+    }
+}
+
+/// Shapes of every float parameter in visiting order.
+fn param_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<Vec<usize>> {
+    struct Shapes(Vec<Vec<usize>>);
+    impl<B: Backend> ModuleVisitor<B> for Shapes {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.0.push(param.shape().as_slice().to_vec());
+        }
+    }
+    let mut shapes = Shapes(Vec::new());
+    module.visit(&mut shapes);
+    shapes.0
+}
+
+impl<B: Backend> CausalLm<B> for Transformer<B> {
+    /// Logits at positions `0..seq` of every row, causal mask only (right-padded rows).
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, seq]`, `seq <= max_seq_len`
+    /// - output: `[batch, seq, vocab]`
+    ///
+    /// # Panics
+    /// If `seq > max_seq_len`.
+    fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        let seq = tokens.dims()[1];
+        assert!(
+            seq <= self.config.max_seq_len,
+            "sequence length {seq} exceeds max_seq_len {}",
+            self.config.max_seq_len
+        );
+        let (cos, sin) = self.rotary_prefix(seq);
+        let bias = causal_bias::<B>(0, seq, &tokens.device());
+        let hidden = self.forward_hidden(tokens, &cos, &sin, bias.as_ref(), None);
+        self.logits(hidden)
+    }
+
+    /// Left-pads the prompts, prefills them in one pass, then decodes one token per step
+    /// for all rows with the KV cache; the LM head runs on the last position only and its
+    /// logits are read to the host once per step, where rows are sampled in row order.
+    ///
+    /// - A row ends after a stop token (kept, `stopped = true`) or after its token budget.
+    /// - Budgets never exceed the context: a row of prompt length `n` gets at most
+    ///   `max_seq_len − n` new tokens. A prompt of `max_seq_len` tokens or more keeps only
+    ///   its last `max_seq_len − 1` tokens (so at least one token can be generated).
+    /// - An empty prompt yields an empty generation.
+    /// - `temperature <= 0` is greedy; `top_p` is the nucleus mass (`>= 1` disables it).
+    ///
+    /// On an autodiff backend this records a graph: generate with `model.valid()`.
+    ///
+    /// # Panics
+    /// If a prompt holds an id `>= vocab_size`.
+    fn generate(
+        &self,
+        prompts: &[Vec<u32>],
+        params: &SampleParams,
+        rng: &mut Rng,
+    ) -> Vec<Generation> {
+        let max_seq_len = self.config.max_seq_len;
+        let vocab = self.config.vocab_size;
+        // Prompts within the context, and each row's token budget.
+        let rows: Vec<&[u32]> = prompts
+            .iter()
+            .map(|p| {
+                let keep = p.len().min(max_seq_len.saturating_sub(1));
+                &p[p.len() - keep..]
+            })
+            .collect();
+        for row in &rows {
+            if let Some(&bad) = row.iter().find(|&&id| id as usize >= vocab) {
+                panic!("prompt token id {bad} is outside the vocabulary of size {vocab}");
+            }
+        }
+        let budgets: Vec<usize> = rows
+            .iter()
+            .map(|r| {
+                if r.is_empty() {
+                    0
+                } else {
+                    params.max_new_tokens.min(max_seq_len - r.len())
+                }
+            })
+            .collect();
+        let mut out: Vec<Generation> = rows
+            .iter()
+            .map(|_| Generation {
+                tokens: Vec::new(),
+                logprobs: Vec::new(),
+                stopped: false,
+            })
+            .collect();
+        let steps = budgets.iter().copied().max().unwrap_or(0);
+        if steps == 0 {
+            return out;
+        }
+
+        let batch = rows.len();
+        let prompt_len = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+        let total = prompt_len + steps;
+        let device = self.rope_cos.device();
+
+        // Host-built inputs for the whole call: left-padded prompt tokens, per-row
+        // positions and the key-padding bias over every position the call will use.
+        let mut tokens = Vec::with_capacity(batch * prompt_len);
+        let mut positions = Vec::with_capacity(batch * total);
+        let mut key_bias = Vec::with_capacity(batch * total);
+        for row in &rows {
+            let pads = prompt_len - row.len();
+            tokens.extend(std::iter::repeat_n(PAD_ID, pads));
+            tokens.extend(row.iter().map(|&id| i64::from(id)));
+            for i in 0..total {
+                // Positions past a row's budget are never used; clamp them into the table.
+                positions.push(i.saturating_sub(pads).min(max_seq_len - 1) as i64);
+                key_bias.push(if i < pads { MASKED } else { 0.0 });
+            }
+        }
+        let tokens =
+            Tensor::<B, 2, Int>::from_data(TensorData::new(tokens, [batch, prompt_len]), &device);
+        let positions =
+            Tensor::<B, 2, Int>::from_data(TensorData::new(positions, [batch, total]), &device);
+        // [batch, 1, 1, total]
+        let key_bias = Tensor::<B, 4>::from_data(
+            TensorData::new(key_bias, [batch, 1, 1, total]),
+            (&device, DType::F32),
+        );
+        // Rotary angles of every position of the call, gathered once: [batch, 1, total, half]
+        let (cos_all, sin_all) = self.rotary_at(positions);
+
+        let mut cache = self.new_cache();
+        let mut sampler = Sampler::default();
+        let mut finished: Vec<bool> = budgets.iter().map(|&b| b == 0).collect();
+        let mut next = vec![PAD_ID; batch];
+
+        for step in 0..steps {
+            let hidden = if step == 0 {
+                let bias = combine_bias(
+                    causal_bias::<B>(0, prompt_len, &device),
+                    Some(key_bias.clone().narrow(3, 0, prompt_len)),
+                );
+                let hidden = self.forward_hidden(
+                    tokens.clone(),
+                    &cos_all.clone().narrow(2, 0, prompt_len),
+                    &sin_all.clone().narrow(2, 0, prompt_len),
+                    bias.as_ref(),
+                    Some(&mut cache),
+                );
+                // [batch, 1, d_model]
+                hidden.narrow(1, prompt_len - 1, 1)
+            } else {
+                let at = prompt_len + step - 1;
+                let fed = Tensor::<B, 2, Int>::from_data(
+                    TensorData::new(next.clone(), [batch, 1]),
+                    &device,
+                );
+                let bias = key_bias.clone().narrow(3, 0, at + 1);
+                self.forward_hidden(
+                    fed,
+                    &cos_all.clone().narrow(2, at, 1),
+                    &sin_all.clone().narrow(2, at, 1),
+                    Some(&bias),
+                    Some(&mut cache),
+                )
+            };
+            // [batch, 1, vocab] -> [batch, vocab]
+            let logits: Vec<f32> = self
+                .logits(hidden)
+                .reshape([batch, vocab])
+                .into_data()
+                .iter::<f32>()
+                .collect();
+            for (r, gen_row) in out.iter_mut().enumerate() {
+                if finished[r] {
+                    next[r] = PAD_ID;
+                    continue;
+                }
+                let (id, logprob) = sampler.sample(
+                    &logits[r * vocab..(r + 1) * vocab],
+                    params.temperature,
+                    params.top_p,
+                    rng,
+                );
+                gen_row.tokens.push(id);
+                gen_row.logprobs.push(logprob);
+                next[r] = i64::from(id);
+                if params.stop_tokens.contains(&id) {
+                    gen_row.stopped = true;
+                    finished[r] = true;
+                } else if gen_row.tokens.len() >= budgets[r] {
+                    finished[r] = true;
+                }
+            }
+            if finished.iter().all(|&f| f) {
+                break;
+            }
+        }
+        out
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    fn max_seq_len(&self) -> usize {
+        self.config.max_seq_len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::{Autodiff, NdArray};
+    use burn::tensor::activation::log_softmax;
+
+    type B = NdArray;
+
+    fn tiny() -> TransformerConfig {
+        TransformerConfig::new(100, 32, 2, 4, 2, 64, 64)
+    }
+
+    /// Replaces every float parameter with values drawn from our own [`Rng`], so test
+    /// models do not depend on Burn's global seed (shared by tests running in parallel).
+    struct Reseed(Rng);
+    impl<BB: Backend> burn::module::ModuleMapper<BB> for Reseed {
+        fn map_float<const D: usize>(
+            &mut self,
+            param: Param<Tensor<BB, D>>,
+        ) -> Param<Tensor<BB, D>> {
+            param.map(|t| {
+                let shape = t.shape();
+                let dims = shape.as_slice().to_vec();
+                let n: usize = dims.iter().product();
+                let values: Vec<f32> = if dims.len() == 1 {
+                    // Norm gains and biases.
+                    (0..n)
+                        .map(|_| (1.0 + 0.1 * self.0.normal()) as f32)
+                        .collect()
+                } else {
+                    let a = 1.0 / (dims[0] as f64).sqrt();
+                    (0..n)
+                        .map(|_| (a * (2.0 * self.0.uniform() - 1.0)) as f32)
+                        .collect()
+                };
+                Tensor::from_data(TensorData::new(values, shape), &t.device())
+                    .set_require_grad(t.is_require_grad())
+            })
+        }
+    }
+
+    #[test]
+    fn seeded_init_is_reproducible_and_follows_the_scheme() {
+        let dev = Default::default();
+        let a: Transformer<B> = tiny().init_seeded(&dev, &mut Rng::new(5)).expect("init");
+        let b: Transformer<B> = tiny().init_seeded(&dev, &mut Rng::new(5)).expect("init");
+        let c: Transformer<B> = tiny().init_seeded(&dev, &mut Rng::new(6)).expect("init");
+        let x = Tensor::<B, 2, Int>::from_ints([[1, 5, 9, 4]], &dev);
+        let (la, lb, lc) = (a.forward(x.clone()), b.forward(x.clone()), c.forward(x));
+        assert_eq!(la.to_data(), lb.to_data());
+        assert_ne!(la.to_data(), lc.to_data());
+        let gamma = a.norm.gamma.val().into_data().to_vec::<f32>().expect("f32");
+        assert!(gamma.iter().all(|g| *g == 1.0));
+        let emb = a
+            .embedding
+            .weight
+            .val()
+            .into_data()
+            .to_vec::<f32>()
+            .expect("f32");
+        let std = (emb.iter().map(|v| v * v).sum::<f32>() / emb.len() as f32).sqrt();
+        assert!((std - 0.02).abs() < 0.003, "{std}");
+    }
+
+    fn seeded<BB: Backend>(config: &TransformerConfig, seed: u64) -> Transformer<BB> {
+        let model = config
+            .init::<BB>(&Default::default())
+            .expect("valid config");
+        model.map(&mut Reseed(Rng::new(seed)))
+    }
+
+    fn model(config: &TransformerConfig, seed: u64) -> Transformer<B> {
+        seeded::<B>(config, seed)
+    }
+
+    fn int_tensor(rows: &[Vec<i64>]) -> Tensor<B, 2, Int> {
+        let width = rows[0].len();
+        let flat: Vec<i64> = rows.iter().flatten().copied().collect();
+        Tensor::from_data(
+            TensorData::new(flat, [rows.len(), width]),
+            &Default::default(),
+        )
+    }
+
+    fn to_vec(t: Tensor<B, 3>) -> (Vec<f32>, [usize; 3]) {
+        let dims = t.dims();
+        (t.into_data().iter::<f32>().collect(), dims)
+    }
+
+    /// `[seq, vocab]` logits of one unpadded row through `CausalLm::forward`.
+    fn row_logits(model: &Transformer<B>, row: &[u32]) -> Vec<Vec<f32>> {
+        let ids: Vec<i64> = row.iter().map(|&t| i64::from(t)).collect();
+        let (flat, [_, seq, vocab]) = to_vec(CausalLm::forward(model, int_tensor(&[ids])));
+        (0..seq)
+            .map(|i| flat[i * vocab..(i + 1) * vocab].to_vec())
+            .collect()
+    }
+
+    fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
+    }
+
+    fn argmax(xs: &[f32]) -> u32 {
+        let mut best = 0;
+        for (i, &x) in xs.iter().enumerate() {
+            if x > xs[best] {
+                best = i;
+            }
+        }
+        best as u32
+    }
+
+    #[test]
+    fn validate_rejects_bad_shapes() {
+        assert!(tiny().validate().is_ok());
+        let bad = [
+            TransformerConfig {
+                d_model: 30,
+                ..tiny()
+            }, // 30 % 4 != 0
+            TransformerConfig {
+                d_model: 36,
+                ..tiny()
+            }, // head_dim 9 is odd
+            TransformerConfig {
+                n_kv_heads: 3,
+                ..tiny()
+            }, // 4 % 3 != 0
+            TransformerConfig {
+                n_layers: 0,
+                ..tiny()
+            },
+            TransformerConfig {
+                vocab_size: 0,
+                ..tiny()
+            },
+            TransformerConfig {
+                max_seq_len: 0,
+                ..tiny()
+            },
+            tiny().with_rope_theta(0.0),
+            tiny().with_norm_eps(0.0),
+        ];
+        for config in bad {
+            assert!(
+                matches!(config.validate(), Err(ModelError::InvalidConfig(_))),
+                "{config}"
+            );
+            assert!(config.init::<B>(&Default::default()).is_err());
+        }
+    }
+
+    #[test]
+    fn rotary_rotates_pairs_by_hand() {
+        let device = Default::default();
+        // head_dim 4: pair 0 turns by p rad, pair 1 by p / 100 rad (theta = 10^4).
+        let (cos, sin) = rotary_tables::<B>(8, 4, 10_000.0, &device);
+        let positions = Tensor::<B, 1, Int>::from_data(TensorData::new(vec![3i64], [1]), &device);
+        let cos = cos.select(0, positions.clone()).reshape([1, 1, 1, 2]);
+        let sin = sin.select(0, positions).reshape([1, 1, 1, 2]);
+        // x = (x1 = [1, 2], x2 = [0, 1]): pairs (1, 0) and (2, 1).
+        let x = Tensor::<B, 4>::from_data(
+            TensorData::new(vec![1.0f32, 2.0, 0.0, 1.0], [1, 1, 1, 4]),
+            &device,
+        );
+        let got: Vec<f32> = apply_rotary(x, &cos, &sin).into_data().iter().collect();
+        let (a, b) = (3.0f64, 0.03f64);
+        let want = [
+            a.cos(),
+            2.0 * b.cos() - b.sin(),
+            a.sin(),
+            b.cos() + 2.0 * b.sin(),
+        ];
+        for (g, w) in got.iter().zip(want) {
+            assert!((*g as f64 - w).abs() < 1e-6, "{got:?} vs {want:?}");
+        }
+    }
+
+    #[test]
+    fn rotary_scores_depend_only_on_relative_position() {
+        let device = Default::default();
+        let (cos_t, sin_t) = rotary_tables::<B>(32, 8, 10_000.0, &device);
+        let at = |p: i64| {
+            let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(vec![p], [1]), &device);
+            (
+                cos_t.clone().select(0, idx.clone()).reshape([1, 1, 1, 4]),
+                sin_t.clone().select(0, idx).reshape([1, 1, 1, 4]),
+            )
+        };
+        let q = Tensor::<B, 4>::from_data(
+            TensorData::new(
+                vec![0.3f32, -1.2, 0.5, 0.9, 1.1, 0.2, -0.7, 0.4],
+                [1, 1, 1, 8],
+            ),
+            &device,
+        );
+        let k = Tensor::<B, 4>::from_data(
+            TensorData::new(
+                vec![-0.4f32, 0.8, 1.3, -0.2, 0.6, -0.9, 0.1, 0.7],
+                [1, 1, 1, 8],
+            ),
+            &device,
+        );
+        let score = |pq: i64, pk: i64| {
+            let (cq, sq) = at(pq);
+            let (ck, sk) = at(pk);
+            let rq = apply_rotary(q.clone(), &cq, &sq);
+            let rk = apply_rotary(k.clone(), &ck, &sk);
+            (rq * rk).sum().into_scalar()
+        };
+        let base = score(5, 2);
+        for shift in [1, 7, 20] {
+            assert!((score(5 + shift, 2 + shift) - base).abs() < 1e-5);
+        }
+        assert!((score(6, 2) - base).abs() > 1e-3);
+    }
+
+    #[test]
+    fn cached_decoding_matches_uncached_and_unpadded_rows() {
+        for config in [tiny(), tiny().with_qkv_bias(true).with_tie_embeddings(true)] {
+            let model = model(&config, 7);
+            let device = Default::default();
+            let prompts: Vec<Vec<u32>> = vec![
+                vec![1, 40, 41, 42, 43, 44],
+                vec![1, 50],
+                vec![1, 60, 61, 62],
+            ];
+            // Continuations fed one at a time after the prompt.
+            let cont: Vec<Vec<u32>> =
+                vec![vec![5, 6, 7, 8], vec![9, 10, 11, 12], vec![13, 14, 15, 16]];
+            let batch = prompts.len();
+            let plen = prompts.iter().map(Vec::len).max().unwrap_or(0);
+            let steps = cont[0].len();
+            let total = plen + steps;
+            let pads: Vec<usize> = prompts.iter().map(|p| plen - p.len()).collect();
+            let full: Vec<Vec<i64>> = (0..batch)
+                .map(|r| {
+                    let mut row = vec![0i64; pads[r]];
+                    row.extend(prompts[r].iter().chain(&cont[r]).map(|&t| i64::from(t)));
+                    row
+                })
+                .collect();
+            let pos: Vec<Vec<i64>> = (0..batch)
+                .map(|r| {
+                    (0..total)
+                        .map(|i| i.saturating_sub(pads[r]) as i64)
+                        .collect()
+                })
+                .collect();
+            let mask_rows: Vec<bool> = (0..batch)
+                .flat_map(|r| (0..total).map(|i| i < pads[r]).collect::<Vec<_>>())
+                .collect();
+            let mask = Tensor::<B, 2, Bool>::from_data(
+                TensorData::new(mask_rows, [batch, total]),
+                &device,
+            );
+            let vocab = config.vocab_size;
+
+            // Uncached: one pass over the whole padded sequence.
+            let hidden = model.forward_with(
+                int_tensor(&full),
+                int_tensor(&pos),
+                Some(mask.clone()),
+                None,
+            );
+            let (uncached, _) = to_vec(model.logits(hidden));
+            let uncached_at = |r: usize, i: usize| {
+                uncached[(r * total + i) * vocab..(r * total + i + 1) * vocab].to_vec()
+            };
+
+            // Cached: prefill the prompts, then one token per step.
+            let mut cache = model.new_cache();
+            let take = |rows: &Vec<Vec<i64>>, from: usize, len: usize| -> Vec<Vec<i64>> {
+                rows.iter().map(|r| r[from..from + len].to_vec()).collect()
+            };
+            let hidden = model.forward_with(
+                int_tensor(&take(&full, 0, plen)),
+                int_tensor(&take(&pos, 0, plen)),
+                Some(mask.clone().narrow(1, 0, plen)),
+                Some(&mut cache),
+            );
+            assert_eq!(cache.len(), plen);
+            let (prefill, _) = to_vec(model.logits(hidden));
+            let mut cached: Vec<Vec<Vec<f32>>> = (0..batch)
+                .map(|r| {
+                    (0..plen)
+                        .map(|i| {
+                            prefill[(r * plen + i) * vocab..(r * plen + i + 1) * vocab].to_vec()
+                        })
+                        .collect()
+                })
+                .collect();
+            for s in 0..steps {
+                let at = plen + s;
+                let hidden = model.forward_with(
+                    int_tensor(&take(&full, at, 1)),
+                    int_tensor(&take(&pos, at, 1)),
+                    Some(mask.clone().narrow(1, 0, at + 1)),
+                    Some(&mut cache),
+                );
+                let (step, _) = to_vec(model.logits(hidden));
+                for (r, rows) in cached.iter_mut().enumerate() {
+                    rows.push(step[r * vocab..(r + 1) * vocab].to_vec());
+                }
+            }
+            assert_eq!(cache.len(), total);
+
+            for r in 0..batch {
+                // Unpadded single-row forward of prompt + continuation.
+                let row: Vec<u32> = prompts[r].iter().chain(&cont[r]).copied().collect();
+                let alone = row_logits(&model, &row);
+                for i in pads[r]..total {
+                    let c = &cached[r][i];
+                    let u = uncached_at(r, i);
+                    let a = &alone[i - pads[r]];
+                    assert!(
+                        max_abs_diff(c, &u) <= 1e-4,
+                        "cached vs uncached row {r} pos {i}"
+                    );
+                    assert!(
+                        max_abs_diff(c, a) <= 1e-4,
+                        "cached vs alone row {r} pos {i}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn right_padding_does_not_change_real_positions() {
+        let model = model(&tiny(), 3);
+        let short = vec![1u32, 20, 21];
+        let alone = row_logits(&model, &short);
+        let batch = int_tensor(&[vec![1, 20, 21, 0, 0], vec![1, 30, 31, 32, 33]]);
+        let (flat, [_, seq, vocab]) = to_vec(CausalLm::forward(&model, batch));
+        for (i, want) in alone.iter().enumerate() {
+            assert!(max_abs_diff(&flat[i * vocab..(i + 1) * vocab], want) <= 1e-5);
+        }
+        assert_eq!(seq, 5);
+    }
+
+    fn temp_path(name: &str) -> PathBuf {
+        std::env::temp_dir()
+            .join(format!("rlany-models-test-{}", std::process::id()))
+            .join(name)
+    }
+
+    #[test]
+    fn save_then_load_is_bit_exact() {
+        let config = tiny().with_qkv_bias(true);
+        // Straight from `init` (not reseeded): its parameters must already be materialised,
+        // or the clone inside `save` would draw different weights.
+        let model = config.init::<B>(&Default::default()).expect("valid config");
+        let path = temp_path("roundtrip/policy");
+        model.save(&path).expect("save");
+        assert!(path.with_extension("mpk").exists());
+        assert!(Transformer::<B>::config_path(&path).exists());
+        let saved = TransformerConfig::load(Transformer::<B>::config_path(&path)).expect("json");
+        assert_eq!(saved.d_model, config.d_model);
+        let loaded = Transformer::<B>::load(&config, &path, &Default::default()).expect("load");
+        let input = int_tensor(&[vec![1, 5, 9, 33, 70], vec![1, 2, 3, 4, 99]]);
+        let (a, _) = to_vec(CausalLm::forward(&model, input.clone()));
+        let (b, _) = to_vec(CausalLm::forward(&loaded, input));
+        assert_eq!(a, b);
+
+        // A config whose shapes differ is refused.
+        let other = TransformerConfig {
+            ffn_hidden: 48,
+            ..config.clone()
+        };
+        assert!(matches!(
+            Transformer::<B>::load(&other, &path, &Default::default()),
+            Err(ModelError::Mismatch { .. })
+        ));
+        // Same, with the JSON config gone: the parameter shapes still catch it.
+        std::fs::remove_file(Transformer::<B>::config_path(&path)).expect("rm json");
+        assert!(matches!(
+            Transformer::<B>::load(&other, &path, &Default::default()),
+            Err(ModelError::Mismatch { .. })
+        ));
+        let _ = std::fs::remove_dir_all(temp_path("roundtrip"));
+    }
+
+    #[test]
+    fn a_clone_of_a_fresh_model_has_the_same_weights() {
+        let model = tiny().init::<B>(&Default::default()).expect("valid config");
+        let copy = model.clone();
+        let input = int_tensor(&[vec![1, 5, 9, 33]]);
+        let (a, _) = to_vec(CausalLm::forward(&copy, input.clone()));
+        let (b, _) = to_vec(CausalLm::forward(&model, input));
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn loading_a_missing_or_corrupt_file_is_an_error() {
+        let missing = temp_path("does/not/exist");
+        let err = Transformer::<B>::load(&tiny(), &missing, &Default::default())
+            .expect_err("missing file");
+        assert!(matches!(err, ModelError::Load { .. }));
+        assert!(err.to_string().contains("exist.mpk"), "{err}");
+
+        let corrupt = temp_path("corrupt/model");
+        std::fs::create_dir_all(temp_path("corrupt")).expect("mkdir");
+        std::fs::write(corrupt.with_extension("mpk"), b"not msgpack at all").expect("write");
+        assert!(matches!(
+            Transformer::<B>::load(&tiny(), &corrupt, &Default::default()),
+            Err(ModelError::Load { .. })
+        ));
+        let _ = std::fs::remove_dir_all(temp_path("corrupt"));
+    }
+
+    #[test]
+    fn gradients_reach_every_parameter() {
+        type A = Autodiff<NdArray>;
+        struct GradNorms<'a> {
+            grads: &'a <A as burn::tensor::backend::AutodiffBackend>::Gradients,
+            norms: Vec<Option<f32>>,
+        }
+        impl ModuleVisitor<A> for GradNorms<'_> {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<A, D>>) {
+                let norm = param
+                    .grad(self.grads)
+                    .map(|g| g.square().sum().sqrt().into_scalar());
+                self.norms.push(norm);
+            }
+        }
+        for config in [tiny(), tiny().with_qkv_bias(true).with_tie_embeddings(true)] {
+            let device = Default::default();
+            let model = seeded::<A>(&config, 5);
+            let tokens: Tensor<A, 2, Int> = Tensor::from_data(
+                TensorData::new(vec![1i64, 7, 30, 31, 2, 1, 50, 51, 52, 53], [2, 5]),
+                &device,
+            );
+            let targets: Tensor<A, 2, Int> = Tensor::from_data(
+                TensorData::new(vec![7i64, 30, 31, 2, 0, 50, 51, 52, 53, 9], [2, 5]),
+                &device,
+            );
+            let logp = log_softmax(CausalLm::forward(&model, tokens), 2);
+            // Cross-entropy: -mean log p(target).
+            let loss = logp.gather(2, targets.reshape([2, 5, 1])).mean().neg();
+            let grads = loss.backward();
+            let mut visitor = GradNorms {
+                grads: &grads,
+                norms: Vec::new(),
+            };
+            model.visit(&mut visitor);
+            let expected = 2
+                + config.n_layers * (2 + 7 + if config.qkv_bias { 3 } else { 0 })
+                + usize::from(!config.tie_embeddings);
+            assert_eq!(visitor.norms.len(), expected);
+            for (i, norm) in visitor.norms.iter().enumerate() {
+                let norm = norm.unwrap_or_else(|| panic!("parameter {i} has no gradient"));
+                assert!(
+                    norm.is_finite() && norm > 0.0,
+                    "parameter {i}: grad norm {norm}"
+                );
+            }
+        }
+    }
+
+    fn params(temperature: f64, top_p: f64, max_new_tokens: usize, stop: Vec<u32>) -> SampleParams {
+        SampleParams {
+            temperature,
+            top_p,
+            max_new_tokens,
+            stop_tokens: stop,
+        }
+    }
+
+    fn prompts() -> Vec<Vec<u32>> {
+        vec![
+            vec![1, 40, 41, 42, 43, 44],
+            vec![1, 50],
+            vec![1, 60, 61, 62],
+            vec![1],
+        ]
+    }
+
+    #[test]
+    fn greedy_generation_is_the_argmax_of_forward() {
+        let model = model(&tiny(), 21);
+        let p = params(0.0, 1.0, 8, vec![]);
+        let a = model.generate(&prompts(), &p, &mut Rng::new(1));
+        let b = model.generate(&prompts(), &p, &mut Rng::new(2));
+        assert_eq!(a, b);
+        for (prompt, g) in prompts().iter().zip(&a) {
+            assert_eq!(g.tokens.len(), 8);
+            assert!(!g.stopped);
+            let mut context = prompt.clone();
+            for (&tok, &lp) in g.tokens.iter().zip(&g.logprobs) {
+                let logits = row_logits(&model, &context);
+                let last = &logits[logits.len() - 1];
+                assert_eq!(tok, argmax(last));
+                let lse = last.iter().map(|&l| (l as f64).exp()).sum::<f64>().ln();
+                assert!((lp as f64 - (last[tok as usize] as f64 - lse)).abs() < 1e-4);
+                context.push(tok);
+            }
+        }
+    }
+
+    #[test]
+    fn sampling_is_reproducible_per_seed() {
+        let model = model(&tiny(), 22);
+        let p = params(1.0, 1.0, 12, vec![]);
+        let a = model.generate(&prompts(), &p, &mut Rng::new(7));
+        let b = model.generate(&prompts(), &p, &mut Rng::new(7));
+        let c = model.generate(&prompts(), &p, &mut Rng::new(8));
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        // The rng advanced by exactly one draw per sampled token.
+        let mut rng = Rng::new(7);
+        model.generate(&prompts(), &p, &mut rng);
+        let mut expect = Rng::new(7);
+        for _ in 0..a.iter().map(|g| g.tokens.len()).sum::<usize>() {
+            expect.uniform();
+        }
+        assert_eq!(rng, expect);
+    }
+
+    #[test]
+    fn sampled_logprobs_match_log_softmax_of_forward() {
+        let model = model(&tiny(), 23);
+        let p = params(0.8, 0.9, 10, vec![]);
+        let gens = model.generate(&prompts(), &p, &mut Rng::new(3));
+        for (prompt, g) in prompts().iter().zip(&gens) {
+            let full: Vec<u32> = prompt.iter().chain(&g.tokens).copied().collect();
+            let ids: Vec<i64> = full.iter().map(|&t| i64::from(t)).collect();
+            let logp = log_softmax(CausalLm::forward(&model, int_tensor(&[ids])), 2);
+            let (flat, [_, _, vocab]) = to_vec(logp);
+            for (k, (&tok, &lp)) in g.tokens.iter().zip(&g.logprobs).enumerate() {
+                assert!(lp <= 0.0);
+                let at = prompt.len() - 1 + k;
+                let want = flat[at * vocab + tok as usize];
+                assert!((lp - want).abs() <= 1e-4, "{lp} vs {want}");
+            }
+        }
+    }
+
+    #[test]
+    fn stop_tokens_end_rows_at_their_own_length() {
+        let model = model(&tiny(), 24);
+        // A third of the vocabulary stops a row: rows stop early, at different steps.
+        let stop: Vec<u32> = (0..100).filter(|t| t % 3 == 0).collect();
+        let p = params(1.0, 1.0, 20, stop.clone());
+        let gens = model.generate(&prompts(), &p, &mut Rng::new(4));
+        let mut lengths = Vec::new();
+        for g in &gens {
+            assert_eq!(g.tokens.len(), g.logprobs.len());
+            assert!(!g.tokens.is_empty() && g.tokens.len() <= 20);
+            let (last, body) = g.tokens.split_last().expect("non-empty");
+            assert!(body.iter().all(|t| !stop.contains(t)));
+            assert_eq!(g.stopped, stop.contains(last));
+            if !g.stopped {
+                assert_eq!(g.tokens.len(), 20);
+            }
+            lengths.push(g.tokens.len());
+        }
+        assert!(gens.iter().any(|g| g.stopped));
+        lengths.sort_unstable();
+        lengths.dedup();
+        assert!(lengths.len() > 1, "all rows stopped at the same length");
+    }
+
+    #[test]
+    fn budgets_respect_max_new_tokens_and_max_seq_len() {
+        let config = TransformerConfig {
+            max_seq_len: 10,
+            ..tiny()
+        };
+        let model = model(&config, 25);
+        let long: Vec<u32> = (0..15).map(|i| 5 + i).collect();
+        let prompts = vec![vec![1, 5, 6], long.clone(), vec![1, 5, 6, 7, 8, 9, 10, 11]];
+        let gens = model.generate(&prompts, &params(1.0, 1.0, 5, vec![]), &mut Rng::new(1));
+        // 3 + 5 <= 10; the long prompt keeps its last 9 tokens -> 1 new; 8 + 2 = 10.
+        let lens: Vec<usize> = gens.iter().map(|g| g.tokens.len()).collect();
+        assert_eq!(lens, vec![5, 1, 2]);
+        // The truncated prompt behaves as its last 9 tokens alone.
+        let greedy = params(0.0, 1.0, 5, vec![]);
+        let a = model.generate(std::slice::from_ref(&long), &greedy, &mut Rng::new(1));
+        let b = model.generate(&[long[6..].to_vec()], &greedy, &mut Rng::new(1));
+        assert_eq!(a, b);
+        // No new tokens, no prompts, an empty prompt.
+        assert!(
+            model
+                .generate(&prompts, &params(1.0, 1.0, 0, vec![]), &mut Rng::new(1))
+                .iter()
+                .all(|g| g.tokens.is_empty() && !g.stopped)
+        );
+        assert!(model.generate(&[], &greedy, &mut Rng::new(1)).is_empty());
+        let mixed = model.generate(&[vec![], vec![1, 5]], &greedy, &mut Rng::new(1));
+        assert!(mixed[0].tokens.is_empty());
+        assert_eq!(mixed[1].tokens.len(), 5);
+    }
+
+    #[test]
+    fn tiny_top_p_is_greedy() {
+        let model = model(&tiny(), 26);
+        let greedy = model.generate(&prompts(), &params(0.0, 1.0, 8, vec![]), &mut Rng::new(1));
+        let nucleus = model.generate(&prompts(), &params(1.5, 1e-6, 8, vec![]), &mut Rng::new(9));
+        assert_eq!(greedy, nucleus);
+    }
+
+    #[test]
+    fn batched_generation_equals_one_row_at_a_time() {
+        let model = model(&tiny(), 27);
+        let p = params(0.0, 1.0, 6, vec![4]);
+        let batched = model.generate(&prompts(), &p, &mut Rng::new(1));
+        for (prompt, g) in prompts().iter().zip(&batched) {
+            let alone = model.generate(std::slice::from_ref(prompt), &p, &mut Rng::new(1));
+            assert_eq!(alone[0].tokens, g.tokens);
+            assert!(max_abs_diff(&alone[0].logprobs, &g.logprobs) <= 1e-4);
+        }
+    }
+
+    /// `cargo test -p rlany-models -- --ignored --nocapture generate_timing`
+    #[test]
+    #[ignore = "timing, run by hand"]
+    fn generate_timing() {
+        let config = TransformerConfig::new(100, 64, 2, 4, 2, 128, 64);
+        let model = model(&config, 1);
+        let prompts: Vec<Vec<u32>> = (0..64)
+            .map(|r| (0..8).map(|i| 5 + ((r * 7 + i * 3) % 90) as u32).collect())
+            .collect();
+        let p = params(1.0, 0.95, 24, vec![]);
+        model.generate(&prompts, &p, &mut Rng::new(0));
+        let runs = 5;
+        let start = std::time::Instant::now();
+        for seed in 0..runs {
+            let g = model.generate(&prompts, &p, &mut Rng::new(seed));
+            assert!(g.iter().all(|g| g.tokens.len() == 24));
+        }
+        let per = start.elapsed().as_secs_f64() / runs as f64;
+        println!("generate 64 x 8 + 24: {:.1} ms per call", per * 1e3);
+    }
+}
