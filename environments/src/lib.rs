@@ -11,5 +11,6 @@
 //! - [`arith`]: multi-step arithmetic chains (`7+5=12`, `12-3=9`, `A:9`).
 
 pub mod arith;
+pub mod gp;
 
 pub use arith::{Arith, ArithConfig, ArithEpisode};

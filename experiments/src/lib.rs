@@ -1,17 +1,22 @@
 //! # rlany
 //!
-//! The composition root. `rlany` (the binary) is a thin wrapper over [`cli_main`]. It reads an experiment file, builds the concrete
-//! environment, tokenizer and models it names, picks the backend, and hands them to the
-//! framework's closed loop.
+//! The composition root. `rlany` (the binary) is a thin wrapper over [`cli_main`]. It reads
+//! an experiment file, builds the concrete environment, tokenizer, models and difficulty
+//! proposer it names, picks the backend, and hands them to the framework's closed loop.
+
+mod bench;
 
 use anyhow::{Context, Result};
 use burn::backend::Autodiff;
 use burn::tensor::backend::AutodiffBackend;
 use clap::{Parser, Subcommand};
+use rlany_envs::gp::{Acquisition as GpAcquisition, Gp, GpConfig};
 use rlany_envs::{Arith, ArithConfig};
-use rlany_framework::experiment::EnvironmentSpec;
+use rlany_framework::adapt::{self, Proposer};
+use rlany_framework::experiment::{self, Adaptation, EnvironmentSpec};
 use rlany_framework::{
-    BackendKind, Environment, Experiment, ExperimentError, RunSummary, TrainOptions, train,
+    BackendKind, Components, Environment, Experiment, ExperimentError, Rng, RunSummary,
+    TrainOptions, train,
 };
 use rlany_models::{CharTokenizer, Transformer, TransformerConfig};
 use std::path::{Path, PathBuf};
@@ -51,6 +56,11 @@ enum Command {
         /// No progress bars (plain per-step lines only).
         #[arg(long)]
         no_progress: bool,
+    },
+    /// Benchmark workloads of bench/SPEC.md (`--kernels`: the fused log-prob / KL kernels).
+    Bench {
+        #[command(flatten)]
+        args: bench::BenchArgs,
     },
     /// Validate experiment files without running them; print the resolved experiment.
     Check {
@@ -100,6 +110,7 @@ struct UsageError(String);
 
 fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
+        Command::Bench { args } => bench::run(args),
         Command::Check { files, quiet } => {
             let mut failed = None;
             for f in &files {
@@ -158,8 +169,8 @@ fn dispatch(cli: Cli) -> Result<()> {
                     meta: meta_json(&exp, s, &file),
                 };
                 let started = std::time::Instant::now();
-                let summary = run_on_backend(&exp, s, &opts)
-                    .with_context(|| format!("run {}", run_dir.display()))?;
+                let summary =
+                    run(&exp, s, &opts).with_context(|| format!("run {}", run_dir.display()))?;
                 print_summary(&exp, s, &run_dir, &summary, started.elapsed().as_secs_f64());
             }
             Ok(())
@@ -199,7 +210,8 @@ fn seed_of_run_dir(dir: &Path) -> Result<u64> {
         })
 }
 
-fn run_on_backend(exp: &Experiment, seed: u64, opts: &TrainOptions) -> Result<RunSummary> {
+/// Runs (or resumes) one seed of `exp` on the backend it names.
+pub fn run(exp: &Experiment, seed: u64, opts: &TrainOptions) -> Result<RunSummary> {
     match exp.backend {
         BackendKind::NdArray => {
             type B = Autodiff<burn::backend::NdArray<f32>>;
@@ -265,6 +277,42 @@ pub fn policy_config(exp: &Experiment, vocab: usize) -> TransformerConfig {
     .with_qkv_bias(p.qkv_bias)
 }
 
+/// The judge's transformer config, when the experiment has a judge.
+pub fn judge_config(exp: &Experiment, vocab: usize) -> Option<TransformerConfig> {
+    exp.judge.model().map(|j| {
+        TransformerConfig::new(
+            vocab,
+            j.d_model,
+            j.layers,
+            j.heads,
+            j.kv_heads,
+            j.ffn,
+            j.max_seq_len,
+        )
+        .with_qkv_bias(j.qkv_bias)
+    })
+}
+
+/// The difficulty proposer an experiment names.
+pub fn build_proposer(exp: &Experiment) -> Box<dyn Proposer> {
+    match &exp.adaptation {
+        Adaptation::Static => Box::new(adapt::Static),
+        Adaptation::Threshold(t) => Box::new(adapt::Threshold { step: t.step }),
+        Adaptation::Gp(g) => Box::new(Gp::new(GpConfig {
+            target: g.target,
+            band: g.band,
+            acquisition: match &g.acquisition {
+                experiment::Acquisition::Nearest => GpAcquisition::Nearest,
+                experiment::Acquisition::Ucb(u) => GpAcquisition::Ucb { beta: u.beta },
+            },
+            candidates: g.candidates,
+            total_steps: exp.budget.steps,
+            max_observations: g.max_observations,
+            ..GpConfig::default()
+        })),
+    }
+}
+
 fn run_seed<B: AutodiffBackend>(
     exp: &Experiment,
     seed: u64,
@@ -273,17 +321,26 @@ fn run_seed<B: AutodiffBackend>(
 ) -> Result<RunSummary> {
     let env = build_environment(exp);
     let tok = CharTokenizer::new();
-    let cfg = policy_config(exp, rlany_framework::Tokenizer::vocab_size(&tok));
+    let vocab = rlany_framework::Tokenizer::vocab_size(&tok);
     // Every initial weight is drawn from a stream of the run's seed (never Burn's global RNG).
-    let model = cfg
-        .init_seeded::<B>(
-            device,
-            &mut rlany_framework::Rng::derive(seed, "policy-init"),
-        )
+    let policy = policy_config(exp, vocab)
+        .init_seeded::<B>(device, &mut Rng::derive(seed, "policy-init"))
         .context("policy model config")?;
-    let summary =
-        train::<B, Transformer<B>>(exp, seed, env.as_ref(), &tok, |_| model, device, opts)?;
-    Ok(summary)
+    let judge = match judge_config(exp, vocab) {
+        Some(cfg) => Some(
+            cfg.init_seeded::<B>(device, &mut Rng::derive(seed, "judge-init"))
+                .context("judge model config")?,
+        ),
+        None => None,
+    };
+    let parts = Components {
+        env: env.as_ref(),
+        tok: &tok,
+        policy,
+        judge,
+        proposer: build_proposer(exp),
+    };
+    Ok(train::<B, Transformer<B>>(exp, seed, parts, device, opts)?)
 }
 
 fn print_summary(exp: &Experiment, seed: u64, dir: &Path, s: &RunSummary, wall_s: f64) {

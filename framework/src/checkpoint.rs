@@ -5,8 +5,9 @@
 //! previous checkpoint usable.
 
 use crate::rundir::{RunDirError, io, write_atomic};
-use burn::module::AutodiffModule;
+use burn::module::{AutodiffModule, Module};
 use burn::optim::Optimizer;
+use burn::prelude::Backend;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Serialize, de::DeserializeOwned};
@@ -51,52 +52,138 @@ pub fn step_dir_name(step: usize) -> String {
     format!("step-{step:06}")
 }
 
-/// Writes checkpoint `step` into `dir` (the run's `checkpoints/`) and keeps the newest `keep`.
-pub fn save<B, M, O, S>(
-    dir: &Path,
-    step: usize,
-    model: &M,
-    optim: &O,
-    state: &S,
-    keep: usize,
-) -> Result<(), CheckpointError>
-where
-    B: AutodiffBackend,
-    M: AutodiffModule<B>,
-    O: Optimizer<M, B>,
-    S: Serialize,
-{
-    let name = step_dir_name(step);
-    let tmp = dir.join(format!(".tmp-{name}"));
-    let fin = dir.join(&name);
-    if tmp.exists() {
-        fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+fn rec_err(path: PathBuf) -> impl FnOnce(burn::record::RecorderError) -> CheckpointError {
+    move |e| CheckpointError::Record {
+        path,
+        message: e.to_string(),
     }
-    fs::create_dir_all(&tmp).map_err(io(&tmp))?;
-    let rec_err = |path: PathBuf| {
-        move |e: burn::record::RecorderError| CheckpointError::Record {
+}
+
+/// A checkpoint being written into `checkpoints/.tmp-step-N/`; nothing is visible to a
+/// reader until [`Writer::commit`].
+#[derive(Debug)]
+pub struct Writer {
+    dir: PathBuf,
+    tmp: PathBuf,
+    name: String,
+}
+
+impl Writer {
+    /// Starts checkpoint `step` in `dir` (the run's `checkpoints/`).
+    pub fn begin(dir: &Path, step: usize) -> Result<Self, CheckpointError> {
+        let name = step_dir_name(step);
+        let tmp = dir.join(format!(".tmp-{name}"));
+        if tmp.exists() {
+            fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+        }
+        fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            tmp,
+            name,
+        })
+    }
+
+    /// Saves a module's weights as `<name>.mpk` (full precision: bit-exact on reload).
+    pub fn module<B: Backend, M: Module<B>>(
+        &self,
+        name: &str,
+        module: &M,
+    ) -> Result<(), CheckpointError> {
+        recorder()
+            .record(module.clone().into_record(), self.tmp.join(name))
+            .map_err(rec_err(self.tmp.join(format!("{name}.mpk"))))
+    }
+
+    /// Saves an optimiser's state as `<name>.mpk`.
+    pub fn optim<B: AutodiffBackend, M: AutodiffModule<B>, O: Optimizer<M, B>>(
+        &self,
+        name: &str,
+        optim: &O,
+    ) -> Result<(), CheckpointError> {
+        recorder()
+            .record(optim.to_record(), self.tmp.join(name))
+            .map_err(rec_err(self.tmp.join(format!("{name}.mpk"))))
+    }
+
+    /// Saves the trainer's own state as `state.json`.
+    pub fn state<S: Serialize>(&self, state: &S) -> Result<(), CheckpointError> {
+        let path = self.tmp.join("state.json");
+        let json = serde_json::to_vec_pretty(state).map_err(|e| CheckpointError::State {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        write_atomic(&path, &json)?;
+        Ok(())
+    }
+
+    /// Publishes the checkpoint (rename, then the `latest` pointer) and keeps the newest `keep`.
+    pub fn commit(self, keep: usize) -> Result<(), CheckpointError> {
+        let fin = self.dir.join(&self.name);
+        if fin.exists() {
+            fs::remove_dir_all(&fin).map_err(io(&fin))?;
+        }
+        fs::rename(&self.tmp, &fin).map_err(io(&fin))?;
+        write_atomic(&self.dir.join("latest"), self.name.as_bytes())?;
+        prune(&self.dir, keep);
+        Ok(())
+    }
+}
+
+/// Reads the parts of one complete checkpoint.
+#[derive(Debug, Clone)]
+pub struct Reader {
+    dir: PathBuf,
+}
+
+impl Reader {
+    /// The newest complete checkpoint under `dir` (the run's `checkpoints/`).
+    pub fn latest(dir: &Path) -> Result<Self, CheckpointError> {
+        latest(dir)
+            .map(|dir| Self { dir })
+            .ok_or_else(|| CheckpointError::Missing(dir.to_path_buf()))
+    }
+
+    /// The checkpoint directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Loads `<name>.mpk` into `module` (whose structure must match).
+    pub fn module<B: Backend, M: Module<B>>(
+        &self,
+        name: &str,
+        module: M,
+        device: &B::Device,
+    ) -> Result<M, CheckpointError> {
+        let rec = recorder()
+            .load(self.dir.join(name), device)
+            .map_err(rec_err(self.dir.join(format!("{name}.mpk"))))?;
+        Ok(module.load_record(rec))
+    }
+
+    /// Loads `<name>.mpk` into `optim`.
+    pub fn optim<B: AutodiffBackend, M: AutodiffModule<B>, O: Optimizer<M, B>>(
+        &self,
+        name: &str,
+        optim: O,
+        device: &B::Device,
+    ) -> Result<O, CheckpointError> {
+        let rec = recorder()
+            .load(self.dir.join(name), device)
+            .map_err(rec_err(self.dir.join(format!("{name}.mpk"))))?;
+        Ok(optim.load_record(rec))
+    }
+
+    /// Reads `state.json`.
+    pub fn state<S: DeserializeOwned>(&self) -> Result<S, CheckpointError> {
+        let path = self.dir.join("state.json");
+        let bytes = fs::read(&path).map_err(io(&path))?;
+        serde_json::from_slice(&bytes).map_err(|e| CheckpointError::State {
             path,
             message: e.to_string(),
-        }
-    };
-    recorder()
-        .record(model.clone().into_record(), tmp.join("policy"))
-        .map_err(rec_err(tmp.join("policy.mpk")))?;
-    recorder()
-        .record(optim.to_record(), tmp.join("optim"))
-        .map_err(rec_err(tmp.join("optim.mpk")))?;
-    let json = serde_json::to_vec_pretty(state).map_err(|e| CheckpointError::State {
-        path: tmp.join("state.json"),
-        message: e.to_string(),
-    })?;
-    write_atomic(&tmp.join("state.json"), &json)?;
-    if fin.exists() {
-        fs::remove_dir_all(&fin).map_err(io(&fin))?;
+        })
     }
-    fs::rename(&tmp, &fin).map_err(io(&fin))?;
-    write_atomic(&dir.join("latest"), name.as_bytes())?;
-    prune(dir, keep);
-    Ok(())
 }
 
 /// Removes all but the newest `keep` complete checkpoints (best effort).
@@ -125,43 +212,4 @@ pub fn latest(dir: &Path) -> Option<PathBuf> {
     let name = fs::read_to_string(dir.join("latest")).ok()?;
     let p = dir.join(name.trim());
     p.join("state.json").exists().then_some(p)
-}
-
-/// Loads a checkpoint into `model` and `optim` (whose structure must match) and returns the
-/// trainer state.
-pub fn load<B, M, O, S>(
-    ckpt: &Path,
-    model: M,
-    optim: O,
-    device: &B::Device,
-) -> Result<(M, O, S), CheckpointError>
-where
-    B: AutodiffBackend,
-    M: AutodiffModule<B>,
-    O: Optimizer<M, B>,
-    S: DeserializeOwned,
-{
-    let rec_err = |path: PathBuf| {
-        move |e: burn::record::RecorderError| CheckpointError::Record {
-            path,
-            message: e.to_string(),
-        }
-    };
-    let model_rec = recorder()
-        .load(ckpt.join("policy"), device)
-        .map_err(rec_err(ckpt.join("policy.mpk")))?;
-    let optim_rec = recorder()
-        .load(ckpt.join("optim"), device)
-        .map_err(rec_err(ckpt.join("optim.mpk")))?;
-    let state_path = ckpt.join("state.json");
-    let bytes = fs::read(&state_path).map_err(io(&state_path))?;
-    let state = serde_json::from_slice(&bytes).map_err(|e| CheckpointError::State {
-        path: state_path.clone(),
-        message: e.to_string(),
-    })?;
-    Ok((
-        model.load_record(model_rec),
-        optim.load_record(optim_rec),
-        state,
-    ))
 }

@@ -210,26 +210,127 @@ impl Default for Sampling {
     }
 }
 
-/// The step judge. Only `None` (outcome reward alone) exists so far.
+/// The step judge.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub enum JudgeSpec {
     /// No judge: the policy is trained on the outcome reward alone.
     #[default]
     None,
+    /// A warm-started judge whose verdicts shape the policy's reward but which is not trained.
+    Frozen(JudgeModelSpec),
+    /// A judge trained by the consistency reward (method.md, step 5).
+    Learned(JudgeModelSpec),
+}
+
+impl JudgeSpec {
+    /// The judge's settings, if there is a judge.
+    pub fn model(&self) -> Option<&JudgeModelSpec> {
+        match self {
+            JudgeSpec::None => None,
+            JudgeSpec::Frozen(m) | JudgeSpec::Learned(m) => Some(m),
+        }
+    }
+
+    /// Whether the judge is trained.
+    pub fn trained(&self) -> bool {
+        matches!(self, JudgeSpec::Learned(_))
+    }
+}
+
+/// The judge: its own transformer, warm start, sampling and optimiser.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JudgeModelSpec {
+    /// Model width.
+    pub d_model: usize,
+    /// Decoder blocks.
+    pub layers: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads; divides `heads`.
+    pub kv_heads: usize,
+    /// Hidden width of the SwiGLU MLP.
+    pub ffn: usize,
+    /// Longest judge prompt + verdict in tokens (longer histories are cut, oldest first).
+    pub max_seq_len: usize,
+    /// Bias on the q/k/v projections.
+    pub qkv_bias: bool,
+    /// Supervised warm start on oracle-labelled steps.
+    pub warm_start: JudgeWarmStart,
+    /// Sampling temperature of the verdicts.
+    pub temperature: f64,
+    /// AdamW learning rate of the consistency training.
+    pub lr: f64,
+}
+
+impl Default for JudgeModelSpec {
+    fn default() -> Self {
+        Self {
+            d_model: 64,
+            layers: 2,
+            heads: 4,
+            kv_heads: 2,
+            ffn: 192,
+            max_seq_len: 96,
+            qkv_bias: false,
+            warm_start: JudgeWarmStart::default(),
+            temperature: 0.8,
+            lr: 1e-4,
+        }
+    }
+}
+
+/// The judge's warm start: supervised on a few oracle-labelled steps of the warm-started
+/// policy's own rollouts, with label noise, so that it starts mediocre (as a pretrained LLM
+/// judge does in the paper).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JudgeWarmStart {
+    /// Labelled steps collected.
+    pub labels: usize,
+    /// Probability that a label is flipped.
+    pub label_noise: f64,
+    /// Optimiser steps.
+    pub steps: usize,
+    /// Labelled steps per optimiser step.
+    pub batch: usize,
+    /// AdamW learning rate.
+    pub lr: f64,
+}
+
+impl Default for JudgeWarmStart {
+    fn default() -> Self {
+        Self {
+            labels: 300,
+            label_noise: 0.25,
+            steps: 150,
+            batch: 32,
+            lr: 3e-3,
+        }
+    }
 }
 
 /// Reward shaping and the data filters of method.md.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RewardSpec {
+    /// λ of the integrated reward `R = O + (λ/m) Σ S`.
+    pub lambda: f64,
+    /// m: judge verdicts per step.
+    pub votes: usize,
     /// Policy data is kept only from tasks whose group accuracy lies in this closed band.
     pub policy_band: (f64, f64),
+    /// Judge data is kept only from tasks whose group accuracy lies in this closed band.
+    pub judge_band: (f64, f64),
 }
 
 impl Default for RewardSpec {
     fn default() -> Self {
         Self {
+            lambda: 1.0,
+            votes: 3,
             policy_band: (0.125, 0.875),
+            judge_band: (0.2, 0.8),
         }
     }
 }
@@ -259,8 +360,10 @@ pub struct PpoSpec {
     pub lr: f64,
     /// AdamW weight decay.
     pub weight_decay: f64,
-    /// Minibatch updates per training step (the batch is split into this many minibatches).
+    /// Policy minibatch updates per training step (the batch is split into this many).
     pub policy_updates: usize,
+    /// Judge minibatch updates per training step.
+    pub judge_updates: usize,
     /// Global gradient-norm clip.
     pub max_grad_norm: f64,
 }
@@ -273,6 +376,7 @@ impl Default for PpoSpec {
             lr: 1e-3,
             weight_decay: 0.0,
             policy_updates: 4,
+            judge_updates: 2,
             max_grad_norm: 1.0,
         }
     }
@@ -317,14 +421,101 @@ pub enum KlEstimator {
 pub enum KlTarget {
     /// The pre-update policy that sampled the batch (as the paper's reference code).
     Old,
+    /// A frozen copy of the warm-started model (kept in checkpoints).
+    Reference,
 }
 
-/// How task difficulty adapts. Only `Static` exists so far.
+/// How task difficulty adapts (method.md, step 7).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub enum Adaptation {
     /// Difficulty never changes.
     #[default]
     Static,
+    /// The paper's rule: move the difficulty by a fixed step along the flagged dimensions.
+    Threshold(ThresholdSpec),
+    /// Our Gaussian-process proposer.
+    Gp(GpSpec),
+}
+
+impl Adaptation {
+    /// `(α_low, α_high)`: below, propose easier; above, harder.
+    pub fn band(&self) -> (f64, f64) {
+        match self {
+            Adaptation::Static => (0.2, 0.8),
+            Adaptation::Threshold(t) => t.band,
+            Adaptation::Gp(g) => g.band,
+        }
+    }
+}
+
+/// `Threshold` settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ThresholdSpec {
+    /// δ: how far one proposal moves each flagged dimension.
+    pub step: f64,
+    /// `(α_low, α_high)`.
+    pub band: (f64, f64),
+}
+
+impl Default for ThresholdSpec {
+    fn default() -> Self {
+        Self {
+            step: 0.1,
+            band: (0.2, 0.8),
+        }
+    }
+}
+
+/// `Gp` settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GpSpec {
+    /// Accuracy the proposals aim at.
+    pub target: f64,
+    /// `(α_low, α_high)`.
+    pub band: (f64, f64),
+    /// How a proposal is chosen among the candidates.
+    pub acquisition: Acquisition,
+    /// Candidates scored per proposal.
+    pub candidates: usize,
+    /// Observations kept (newest first).
+    pub max_observations: usize,
+}
+
+impl Default for GpSpec {
+    fn default() -> Self {
+        Self {
+            target: 0.5,
+            band: (0.2, 0.8),
+            acquisition: Acquisition::Nearest,
+            candidates: 256,
+            max_observations: 200,
+        }
+    }
+}
+
+/// The GP proposer's choice rule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Acquisition {
+    /// The candidate whose predicted accuracy is nearest the target.
+    Nearest,
+    /// Upper confidence bound on p(1−p): `p(1−p) + β·sd_p`.
+    Ucb(UcbSpec),
+}
+
+/// UCB settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UcbSpec {
+    /// Exploration weight β.
+    pub beta: f64,
+}
+
+impl Default for UcbSpec {
+    fn default() -> Self {
+        Self { beta: 2.0 }
+    }
 }
 
 /// Sizes and schedule.
@@ -513,28 +704,52 @@ impl Experiment {
             real("environment.difficulty", d, 0.0, 1.0)?;
         }
 
+        fn model(
+            at: &str,
+            (d_model, layers, heads, kv_heads, ffn, max_seq_len): (
+                usize,
+                usize,
+                usize,
+                usize,
+                usize,
+                usize,
+            ),
+        ) -> Result<(), (String, String)> {
+            count(&format!("{at}.d_model"), d_model, 2, MAX_WIDTH)?;
+            count(&format!("{at}.layers"), layers, 1, MAX_LAYERS)?;
+            count(&format!("{at}.heads"), heads, 1, 256)?;
+            count(&format!("{at}.kv_heads"), kv_heads, 1, 256)?;
+            count(&format!("{at}.ffn"), ffn, 1, 4 * MAX_WIDTH)?;
+            count(&format!("{at}.max_seq_len"), max_seq_len, 8, MAX_SEQ)?;
+            if d_model % heads != 0 || (d_model / heads) % 2 != 0 {
+                return err(
+                    &format!("{at}.heads"),
+                    format!(
+                        "must divide d_model into an even head size (d_model {d_model} / heads {heads})"
+                    ),
+                );
+            }
+            if heads % kv_heads != 0 {
+                return err(
+                    &format!("{at}.kv_heads"),
+                    format!("must divide heads ({heads} % {kv_heads} != 0)"),
+                );
+            }
+            Ok(())
+        }
+
         let p = &self.policy;
-        count("policy.d_model", p.d_model, 2, MAX_WIDTH)?;
-        count("policy.layers", p.layers, 1, MAX_LAYERS)?;
-        count("policy.heads", p.heads, 1, 256)?;
-        count("policy.kv_heads", p.kv_heads, 1, 256)?;
-        count("policy.ffn", p.ffn, 1, 4 * MAX_WIDTH)?;
-        count("policy.max_seq_len", p.max_seq_len, 8, MAX_SEQ)?;
-        if p.d_model % p.heads != 0 || (p.d_model / p.heads) % 2 != 0 {
-            return err(
-                "policy.heads",
-                format!(
-                    "must divide d_model into an even head size (d_model {} / heads {})",
-                    p.d_model, p.heads
-                ),
-            );
-        }
-        if p.heads % p.kv_heads != 0 {
-            return err(
-                "policy.kv_heads",
-                format!("must divide heads ({} % {} != 0)", p.heads, p.kv_heads),
-            );
-        }
+        model(
+            "policy",
+            (
+                p.d_model,
+                p.layers,
+                p.heads,
+                p.kv_heads,
+                p.ffn,
+                p.max_seq_len,
+            ),
+        )?;
         count("policy.warm_start.steps", p.warm_start.steps, 0, MAX_COUNT)?;
         count("policy.warm_start.batch", p.warm_start.batch, 1, 65_536)?;
         positive("policy.warm_start.lr", p.warm_start.lr, 1.0)?;
@@ -553,7 +768,54 @@ impl Experiment {
             MAX_SEQ,
         )?;
 
-        band("reward.policy_band", self.reward.policy_band)?;
+        if let Some(j) = self.judge.model() {
+            model(
+                "judge",
+                (
+                    j.d_model,
+                    j.layers,
+                    j.heads,
+                    j.kv_heads,
+                    j.ffn,
+                    j.max_seq_len,
+                ),
+            )?;
+            count("judge.warm_start.labels", j.warm_start.labels, 1, MAX_COUNT)?;
+            real(
+                "judge.warm_start.label_noise",
+                j.warm_start.label_noise,
+                0.0,
+                1.0,
+            )?;
+            count("judge.warm_start.steps", j.warm_start.steps, 0, MAX_COUNT)?;
+            count("judge.warm_start.batch", j.warm_start.batch, 1, 65_536)?;
+            positive("judge.warm_start.lr", j.warm_start.lr, 1.0)?;
+            real("judge.temperature", j.temperature, 0.0, 100.0)?;
+            positive("judge.lr", j.lr, 1.0)?;
+        }
+
+        let r = &self.reward;
+        real("reward.lambda", r.lambda, 0.0, 1e3)?;
+        count("reward.votes", r.votes, 1, 64)?;
+        band("reward.policy_band", r.policy_band)?;
+        band("reward.judge_band", r.judge_band)?;
+
+        match &self.adaptation {
+            Adaptation::Static => {}
+            Adaptation::Threshold(t) => {
+                positive("adaptation.step", t.step, 1.0)?;
+                band("adaptation.band", t.band)?;
+            }
+            Adaptation::Gp(g) => {
+                real("adaptation.target", g.target, 0.0, 1.0)?;
+                band("adaptation.band", g.band)?;
+                count("adaptation.candidates", g.candidates, 1, 1 << 16)?;
+                count("adaptation.max_observations", g.max_observations, 3, 10_000)?;
+                if let Acquisition::Ucb(u) = &g.acquisition {
+                    real("adaptation.beta", u.beta, 0.0, 1e3)?;
+                }
+            }
+        }
 
         let ppo = self.ppo();
         real("algorithm.clip", ppo.clip, 0.0, 10.0)?;
@@ -561,6 +823,7 @@ impl Experiment {
         positive("algorithm.lr", ppo.lr, 1.0)?;
         real("algorithm.weight_decay", ppo.weight_decay, 0.0, 10.0)?;
         count("algorithm.policy_updates", ppo.policy_updates, 1, 1024)?;
+        count("algorithm.judge_updates", ppo.judge_updates, 1, 1024)?;
         positive("algorithm.max_grad_norm", ppo.max_grad_norm, 1e9)?;
 
         let b = &self.budget;

@@ -19,6 +19,10 @@ pub struct StepSpan {
     pub text: String,
     /// The environment's oracle label for the step.
     pub oracle: bool,
+    /// The observation the environment answered with.
+    pub observation: String,
+    /// Difficulty dimensions the environment blames if this step failed (critic feedback).
+    pub blame: Vec<usize>,
 }
 
 /// One played-out episode.
@@ -34,6 +38,9 @@ pub struct Trajectory {
     pub outcome: bool,
     /// The task text.
     pub prompt: String,
+    /// Whether every generated token had a finite log-probability (a NaN/Inf model is caught
+    /// here even when no update would have computed a loss).
+    pub finite: bool,
 }
 
 impl Trajectory {
@@ -57,6 +64,7 @@ pub fn rollout<B: Backend, M: CausalLm<B>>(
     rng: &mut Rng,
 ) -> Vec<Trajectory> {
     let delim = tok.step_delimiter();
+    let mut finite = vec![true; episodes.len()];
     let mut eps: Vec<(usize, Box<dyn Episode>, Vec<u32>, Vec<StepSpan>)> = episodes
         .into_iter()
         .map(|(task, ep)| {
@@ -79,6 +87,7 @@ pub fn rollout<B: Backend, M: CausalLm<B>>(
         let prompts: Vec<Vec<u32>> = active.iter().map(|&i| eps[i].2.clone()).collect();
         let gens = model.generate(&prompts, params, rng);
         for (&i, g) in active.iter().zip(gens) {
+            finite[i] &= g.logprobs.iter().all(|l| l.is_finite());
             let (_, ep, ctx, steps) = &mut eps[i];
             let start = ctx.len();
             ctx.extend_from_slice(&g.tokens);
@@ -96,11 +105,18 @@ pub fn rollout<B: Backend, M: CausalLm<B>>(
             let text = tok.decode(&body);
             let result = ep.step(&text);
             let oracle = ep.oracle_label(steps.len());
+            let blame = if oracle {
+                Vec::new()
+            } else {
+                ep.attribute_failure(steps.len())
+            };
             steps.push(StepSpan {
                 start,
                 end,
                 text,
                 oracle,
+                observation: result.observation.clone(),
+                blame,
             });
             if !result.observation.is_empty() {
                 ctx.extend(tok.encode(&result.observation));
@@ -112,8 +128,10 @@ pub fn rollout<B: Backend, M: CausalLm<B>>(
     }
 
     eps.into_iter()
-        .map(|(task, ep, tokens, steps)| Trajectory {
+        .zip(finite)
+        .map(|((task, ep, tokens, steps), finite)| Trajectory {
             task,
+            finite,
             outcome: ep.outcome(),
             prompt: ep.prompt(),
             tokens,

@@ -128,13 +128,18 @@ impl RunDir {
 
     /// Appends one sample record to `samples.jsonl`.
     pub fn sample(&self, v: &Value) -> Result<(), RunDirError> {
-        append_line(&self.root.join("samples.jsonl"), v)
+        self.append("samples.jsonl", v)
+    }
+
+    /// Appends one JSON line to the run's file `name` (e.g. `posterior.jsonl`).
+    pub fn append(&self, name: &str, v: &Value) -> Result<(), RunDirError> {
+        append_line(&self.root.join(name), v)
     }
 
     /// Drops every metrics/samples line written after `step` (used on resume, so the lines
     /// of steps redone after the checkpoint are not duplicated).
     pub fn truncate_after(&self, step: usize) -> Result<(), RunDirError> {
-        for name in ["metrics.jsonl", "samples.jsonl"] {
+        for name in ["metrics.jsonl", "samples.jsonl", "posterior.jsonl"] {
             let path = self.root.join(name);
             if !path.exists() {
                 continue;

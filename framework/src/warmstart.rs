@@ -11,6 +11,7 @@ use crate::lm::{CausalLm, Tokenizer};
 use crate::optim;
 use crate::progress;
 use crate::rng::Rng;
+use crate::update::NonFinite;
 use burn::module::AutodiffModule;
 use burn::optim::AdamWConfig;
 use burn::prelude::*;
@@ -30,11 +31,12 @@ fn demo_tokens(tok: &dyn Tokenizer, prompt: &str, steps: &[String]) -> (Vec<u32>
     (ids, trained)
 }
 
-/// Runs `spec.steps` AdamW steps of supervised fine-tuning and returns the model and the
-/// final loss. Demonstrations are drawn at uniformly random difficulties so the policy sees
-/// the whole training range.
+/// Runs `spec.steps` AdamW steps of supervised fine-tuning on fresh demonstrations and returns
+/// the model and the final loss. Demonstrations are drawn at uniformly random difficulties so
+/// the policy sees the whole training range.
+#[allow(clippy::too_many_arguments)]
 pub fn warm_start<B, M>(
-    mut model: M,
+    model: M,
     env: &dyn Environment,
     tok: &dyn Tokenizer,
     spec: &WarmStart,
@@ -42,29 +44,63 @@ pub fn warm_start<B, M>(
     rng: &mut Rng,
     show_progress: bool,
     device: &B::Device,
-) -> Result<(M, f64), crate::trainer::TrainError>
+) -> Result<(M, f64), NonFinite>
+where
+    B: AutodiffBackend,
+    M: CausalLm<B> + AutodiffModule<B>,
+{
+    let dims = env.difficulty_space().len();
+    supervised(
+        model,
+        tok,
+        spec.steps,
+        spec.lr,
+        max_grad_norm,
+        "warm start",
+        show_progress,
+        device,
+        |_| {
+            (0..spec.batch)
+                .map(|_| {
+                    let d: Vec<f64> = (0..dims).map(|_| rng.uniform()).collect();
+                    let (prompt, steps) = env.demonstration(&d, spec.noise, rng);
+                    demo_tokens(tok, &prompt, &steps)
+                })
+                .collect()
+        },
+    )
+}
+
+/// Supervised fine-tuning: `steps` AdamW steps (learning rate decaying linearly to 10%) of
+/// mean cross-entropy over the target tokens of the batches `next_batch(step)` returns —
+/// `(tokens, is_target)` pairs. Returns the model and the last loss.
+#[allow(clippy::too_many_arguments)]
+pub fn supervised<B, M>(
+    mut model: M,
+    tok: &dyn Tokenizer,
+    steps: usize,
+    lr: f64,
+    max_grad_norm: f64,
+    label: &str,
+    show_progress: bool,
+    device: &B::Device,
+    mut next_batch: impl FnMut(usize) -> Vec<(Vec<u32>, Vec<bool>)>,
+) -> Result<(M, f64), NonFinite>
 where
     B: AutodiffBackend,
     M: CausalLm<B> + AutodiffModule<B>,
 {
     let mut optim = AdamWConfig::new().with_weight_decay(0.0).init::<B, M>();
-    let dims = env.difficulty_space().len();
-    let pb = progress::bar(spec.steps as u64, "warm start", show_progress);
+    let pb = progress::bar(steps as u64, label, show_progress);
     let mut last = f64::NAN;
-    for step in 0..spec.steps {
-        let demos: Vec<(Vec<u32>, Vec<bool>)> = (0..spec.batch)
-            .map(|_| {
-                let d: Vec<f64> = (0..dims).map(|_| rng.uniform()).collect();
-                let (prompt, steps) = env.demonstration(&d, spec.noise, rng);
-                demo_tokens(tok, &prompt, &steps)
-            })
-            .collect();
-        let seqs: Vec<&[u32]> = demos.iter().map(|(ids, _)| ids.as_slice()).collect();
+    for step in 0..steps {
+        let examples = next_batch(step);
+        let seqs: Vec<&[u32]> = examples.iter().map(|(ids, _)| ids.as_slice()).collect();
         let batch = token_batch::<B>(&seqs, tok.pad(), model.max_seq_len(), device);
         let mut mask = vec![0f32; batch.batch * batch.seq];
-        for (r, (_, trained)) in demos.iter().enumerate() {
-            for j in 0..batch.seq.min(trained.len().saturating_sub(1)) {
-                mask[r * batch.seq + j] = if trained[j + 1] { 1.0 } else { 0.0 };
+        for (r, (_, target)) in examples.iter().enumerate() {
+            for j in 0..batch.seq.min(target.len().saturating_sub(1)) {
+                mask[r * batch.seq + j] = if target[j + 1] { 1.0 } else { 0.0 };
             }
         }
         let n: f32 = mask.iter().sum();
@@ -73,14 +109,10 @@ where
         let loss = (lp * mask).sum().neg().div_scalar(n.max(1.0));
         last = loss.clone().into_scalar().elem::<f64>();
         if !last.is_finite() {
-            return Err(crate::trainer::TrainError::NonFinite {
-                step: 0,
-                what: format!("warm-start loss at warm-start step {step}"),
-            });
+            return Err(NonFinite("supervised loss"));
         }
-        // Linear decay to 10% keeps the end of the warm start stable.
-        let lr = spec.lr * (1.0 - 0.9 * step as f64 / spec.steps.max(1) as f64);
-        (model, _) = optim::step(model, &mut optim, loss, lr, max_grad_norm);
+        let lr_now = lr * (1.0 - 0.9 * step as f64 / steps.max(1) as f64);
+        (model, _) = optim::step(model, &mut optim, loss, lr_now, max_grad_norm);
         pb.set_message(format!("loss {last:.3}"));
         pb.inc(1);
     }

@@ -1,11 +1,27 @@
 //! # rlany-kernels
 //!
 //! The loss-side hot spot of LLM RL: log-softmax, gather and KL over the `[tokens, vocab]`
-//! logits. This crate holds the reference implementations, built from ordinary Burn tensor
-//! ops so that every backend (and autodiff) runs them. Fused CubeCL kernels for the Cube
-//! backends (wgpu, cuda) are the next step (see the project's issues); each will be tested
-//! against the twin here.
+//! logits.
+//!
+//! - [`reference`]: the reference twins, composed from ordinary Burn tensor ops; every backend
+//!   (and autodiff) runs them. [`token_logprobs`] and [`kl_full`] at the crate root are these.
+//! - [`LogProbOps`]: a backend extension trait with the fused ops and their backward passes.
+//!   Its default method bodies are the reference composition, so `NdArray` (and any backend
+//!   given an empty impl) works; the Cube backends (`wgpu`, `cuda` features) override them with
+//!   one-pass CubeCL kernels; `Autodiff<B>` wires the backward passes in (one custom backward
+//!   node per op, written once: `dlogits = g ⊙ (onehot − softmax)`, the gradient of `log p`).
+//! - [`fused`]: tensor-level wrappers over the trait, and [`KernelChoice`] to pick fused or
+//!   reference explicitly (for comparisons).
 
+mod autodiff;
+#[cfg(feature = "cube")]
+mod cube;
+pub mod fused;
+#[cfg(feature = "fusion")]
+mod fusion;
+mod ops;
 pub mod reference;
 
+pub use fused::KernelChoice;
+pub use ops::{KlStats, LogProbOps};
 pub use reference::{kl_full, token_logprobs};

@@ -1,0 +1,372 @@
+//! `rlany bench --kernels`: the K1/K2 kernel workloads of `bench/SPEC.md`, fused and reference,
+//! beside a device-to-device copy measured in the same run (the bandwidth ceiling).
+//!
+//! Timing: warm-up runs first (kernel compilation), the device is synchronised before every
+//! clock read, the median of `--reps` (≥ 10 by default) runs is reported; inputs are random
+//! normal logits and uniform targets. Effective bandwidth = the bytes SPEC.md says must move
+//! (K1_fwd N·V·elt, K1_fwdbwd 2·N·V·elt, K2_fwd 2·N·V·elt) / median time.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Distribution, FloatDType};
+use rlany_kernels::{KernelChoice, LogProbOps};
+
+/// Options of `rlany bench`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct BenchArgs {
+    /// Run the kernel workloads (K1_fwd, K1_fwdbwd, K2_fwd of bench/SPEC.md).
+    #[arg(long)]
+    kernels: bool,
+    /// ndarray, wgpu, cuda or cuda:N (wgpu / cuda need the matching cargo feature).
+    #[arg(long, default_value = "ndarray")]
+    backend: String,
+    /// Also write the results as JSON here.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Rows (tokens) N of the logits. SPEC.md uses 16384; reduce it on a CPU (e.g. 512).
+    #[arg(long, default_value_t = 16384)]
+    n: usize,
+    /// Timed repetitions per workload (the median is reported).
+    #[arg(long, default_value_t = 10)]
+    reps: usize,
+    /// Untimed warm-up runs per workload.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Vocabulary sizes V.
+    #[arg(long, value_delimiter = ',', default_values_t = [4096usize, 32768, 151_936])]
+    vocab: Vec<usize>,
+    /// Logit dtypes (f32, bf16, f16); unsupported ones are skipped.
+    #[arg(long, value_delimiter = ',', default_values_t = ["f32".to_string(), "bf16".to_string()])]
+    dtype: Vec<String>,
+    /// Largest single logits tensor in GiB: N is reduced for a V where [N, V] would exceed it
+    /// (the effective N is printed). Default: the backend's binding limit (wgpu), else none.
+    #[arg(long)]
+    max_tensor_gib: Option<f64>,
+}
+
+/// One measured row.
+#[derive(Debug, Clone)]
+struct Row {
+    name: String,
+    workload: &'static str,
+    vocab: usize,
+    dtype: String,
+    variant: &'static str,
+    n: usize,
+    bytes: f64,
+    ms: Option<f64>,
+    error: Option<String>,
+}
+
+pub(crate) fn run(args: BenchArgs) -> Result<()> {
+    if !args.kernels {
+        bail!(super::UsageError(
+            "rlany bench: only the kernel workloads exist so far: pass --kernels".into()
+        ));
+    }
+    if args.n == 0 || args.reps == 0 || args.vocab.contains(&0) {
+        bail!(super::UsageError(
+            "rlany bench: --n, --reps and every --vocab must be positive".into()
+        ));
+    }
+    for d in &args.dtype {
+        parse_dtype(d)?;
+    }
+    match super::parse_backend(&args.backend)? {
+        rlany_framework::BackendKind::NdArray => {
+            type B = burn::backend::Autodiff<burn::backend::NdArray<f32>>;
+            bench_backend::<B>(&args, &Default::default())
+        }
+        rlany_framework::BackendKind::Wgpu => {
+            #[cfg(feature = "wgpu")]
+            {
+                type B = burn::backend::Autodiff<burn::backend::Wgpu>;
+                bench_backend::<B>(&args, &Default::default())
+            }
+            #[cfg(not(feature = "wgpu"))]
+            bail!(super::UsageError(
+                "backend wgpu is not compiled in: rebuild with `--features wgpu`".into()
+            ))
+        }
+        rlany_framework::BackendKind::Cuda(index) => {
+            #[cfg(feature = "cuda")]
+            {
+                type B = burn::backend::Autodiff<burn::backend::Cuda>;
+                bench_backend::<B>(&args, &burn::backend::cuda::CudaDevice::new(index))
+            }
+            #[cfg(not(feature = "cuda"))]
+            {
+                let _ = index;
+                bail!(super::UsageError(
+                    "backend cuda is not compiled in: rebuild with `--features cuda`".into()
+                ))
+            }
+        }
+    }
+}
+
+fn parse_dtype(s: &str) -> Result<FloatDType> {
+    Ok(match s.to_ascii_lowercase().as_str() {
+        "f32" | "float32" => FloatDType::F32,
+        "bf16" | "bfloat16" => FloatDType::BF16,
+        "f16" | "float16" => FloatDType::F16,
+        other => bail!(super::UsageError(format!(
+            "--dtype {other:?}: expected f32, bf16 or f16"
+        ))),
+    })
+}
+
+fn dtype_name(d: FloatDType) -> &'static str {
+    match d {
+        FloatDType::F32 => "f32",
+        FloatDType::BF16 => "bf16",
+        FloatDType::F16 => "f16",
+        FloatDType::F64 => "f64",
+        FloatDType::Flex32 => "flex32",
+    }
+}
+
+fn elt_size(d: FloatDType) -> usize {
+    match d {
+        FloatDType::F64 => 8,
+        FloatDType::F32 | FloatDType::Flex32 => 4,
+        FloatDType::F16 | FloatDType::BF16 => 2,
+    }
+}
+
+/// Warm up, then time `reps` runs of `f` (device synchronised before each clock read);
+/// returns the median in ms.
+fn median_ms<B: Backend, R>(
+    device: &B::Device,
+    warmup: usize,
+    reps: usize,
+    mut f: impl FnMut() -> R,
+) -> Result<f64> {
+    for _ in 0..warmup {
+        let out = f();
+        B::sync(device).map_err(|e| anyhow::anyhow!("device sync: {e}"))?;
+        drop(out);
+    }
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        B::sync(device).map_err(|e| anyhow::anyhow!("device sync: {e}"))?;
+        let start = Instant::now();
+        let out = f();
+        B::sync(device).map_err(|e| anyhow::anyhow!("device sync: {e}"))?;
+        times.push(start.elapsed().as_secs_f64() * 1e3);
+        drop(out);
+    }
+    times.sort_by(f64::total_cmp);
+    let mid = times.len() / 2;
+    Ok(if times.len() % 2 == 1 {
+        times[mid]
+    } else {
+        0.5 * (times[mid - 1] + times[mid])
+    })
+}
+
+/// Runs `f`, turning a panic (device out of memory, binding limits) into an error.
+fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "panic".into());
+            bail!("{}", msg.lines().next().unwrap_or("panic"))
+        }
+    }
+}
+
+fn bench_backend<B>(args: &BenchArgs, device: &B::Device) -> Result<()>
+where
+    B: AutodiffBackend + LogProbOps,
+    B::InnerBackend: LogProbOps,
+{
+    type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+    let backend_name = B::name(device);
+    let cap_bytes = args
+        .max_tensor_gib
+        .map(|g| g * (1u64 << 30) as f64)
+        .or_else(|| B::max_tensor_bytes(device).map(|b| b as f64));
+    let rows_for = |v: usize, elt: usize| -> usize {
+        match cap_bytes {
+            Some(cap) => args.n.min(((cap / (v * elt) as f64) as usize).max(1)),
+            None => args.n,
+        }
+    };
+    let dtypes: Vec<FloatDType> = args
+        .dtype
+        .iter()
+        .map(|d| parse_dtype(d))
+        .collect::<Result<_>>()?;
+    <Inner<B> as Backend>::seed(device, 20_240_601);
+    if args.reps < 10 {
+        eprintln!("note: --reps {} is below SPEC.md's 10", args.reps);
+    }
+
+    // The ceiling: an element-wise read+write pass (`x·1` into a fresh buffer) over the
+    // largest f32 logits tensor of the run.
+    let v_max = *args.vocab.iter().max().context("no --vocab")?;
+    let copy_n = rows_for(v_max, 4);
+    let copy_bytes = 2.0 * (copy_n * v_max * 4) as f64;
+    let copy_ms = guarded(|| {
+        let x =
+            Tensor::<Inner<B>, 2>::random([copy_n, v_max], Distribution::Normal(0.0, 1.0), device);
+        median_ms::<Inner<B>, _>(device, args.warmup.max(1), args.reps, || {
+            x.clone().mul_scalar(1.0)
+        })
+    })
+    .context("copy ceiling")?;
+    let copy_gbps = copy_bytes / (copy_ms * 1e-3) / 1e9;
+    println!(
+        "rlany bench --kernels on {backend_name}: copy ceiling {copy_gbps:.1} GB/s ({copy_ms:.3} ms for [{copy_n}, {v_max}] f32 read+write)"
+    );
+
+    let mut rows: Vec<Row> = Vec::new();
+    for &v in &args.vocab {
+        for &dtype in &dtypes {
+            let dname = dtype_name(dtype);
+            let n = rows_for(v, elt_size(dtype));
+            if !<Inner<B> as Backend>::supports_dtype(device, dtype.into()) {
+                eprintln!("skipped V={v} {dname}: dtype not supported by {backend_name}");
+                continue;
+            }
+            let nv_bytes = (n * v * elt_size(dtype)) as f64;
+            let suffix = format!("V{v}_{dname}");
+            let logits = |seed_shift: f64| {
+                Tensor::<Inner<B>, 2>::random([n, v], Distribution::Normal(seed_shift, 1.0), device)
+                    .cast(dtype)
+            };
+            let x = logits(0.0);
+            let y = logits(0.5);
+            let t = Tensor::<Inner<B>, 1, Int>::random(
+                [n],
+                Distribution::Uniform(0.0, v as f64),
+                device,
+            );
+            let g = Tensor::<Inner<B>, 1>::random([n], Distribution::Normal(0.0, 1.0), device)
+                .cast(dtype);
+            for choice in [KernelChoice::Fused, KernelChoice::Reference] {
+                let mut push = |workload: &'static str, bytes: f64, r: Result<f64>| {
+                    let (ms, error) = match r {
+                        Ok(ms) => (Some(ms), None),
+                        Err(e) => (None, Some(format!("{e:#}"))),
+                    };
+                    rows.push(Row {
+                        name: format!("{workload}_{suffix}"),
+                        workload,
+                        vocab: v,
+                        dtype: dname.into(),
+                        variant: choice.name(),
+                        n,
+                        bytes,
+                        ms,
+                        error,
+                    });
+                };
+                let k1 = guarded(|| {
+                    median_ms::<Inner<B>, _>(device, args.warmup, args.reps, || {
+                        choice.token_logprobs(x.clone(), t.clone())
+                    })
+                });
+                push("K1_fwd", nv_bytes, k1);
+
+                let xa = Tensor::<B, 2>::from_inner(x.clone());
+                let ta = Tensor::<B, 1, Int>::from_inner(t.clone());
+                let ga = Tensor::<B, 1>::from_inner(g.clone());
+                let k1b = guarded(|| {
+                    median_ms::<B, _>(device, args.warmup, args.reps, || {
+                        let xg = xa.clone().require_grad();
+                        let lp = choice.token_logprobs(xg.clone(), ta.clone());
+                        let grads = (lp * ga.clone()).sum().backward();
+                        xg.grad(&grads)
+                    })
+                });
+                push("K1_fwdbwd", 2.0 * nv_bytes, k1b);
+
+                let k2 = guarded(|| {
+                    median_ms::<Inner<B>, _>(device, args.warmup, args.reps, || {
+                        choice.kl_full(x.clone(), y.clone())
+                    })
+                });
+                push("K2_fwd", 2.0 * nv_bytes, k2);
+            }
+        }
+    }
+
+    print_table(&rows, copy_gbps);
+    if let Some(path) = &args.json {
+        let json = serde_json::json!({
+            "backend": backend_name,
+            "n_requested": args.n,
+            "reps": args.reps,
+            "warmup": args.warmup,
+            "copy": { "ms": copy_ms, "bytes": copy_bytes, "gbps": copy_gbps, "n": copy_n, "vocab": v_max,
+                      "how": "element-wise x*1 into a fresh buffer, f32 read+write" },
+            "results": rows.iter().map(|r| {
+                let gbps = r.ms.map(|ms| r.bytes / (ms * 1e-3) / 1e9);
+                serde_json::json!({
+                    "name": r.name, "workload": r.workload, "vocab": r.vocab, "dtype": r.dtype,
+                    "variant": r.variant, "n": r.n, "bytes": r.bytes, "median_ms": r.ms,
+                    "gbps": gbps, "frac_copy": gbps.map(|g| g / copy_gbps), "error": r.error,
+                })
+            }).collect::<Vec<_>>(),
+        });
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        }
+        std::fs::write(path, serde_json::to_string_pretty(&json)?)
+            .with_context(|| format!("write {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn print_table(rows: &[Row], copy_gbps: f64) {
+    println!(
+        "{:<26} {:<10} {:>6} {:>11} {:>9} {:>7} {:>8}",
+        "name", "variant", "N", "median ms", "GB/s", "/copy", "speedup"
+    );
+    for r in rows {
+        match r.ms {
+            Some(ms) => {
+                let gbps = r.bytes / (ms * 1e-3) / 1e9;
+                // Fused rows: reference time / fused time for the same workload.
+                let speedup = (r.variant == "fused")
+                    .then(|| {
+                        rows.iter()
+                            .find(|o| o.name == r.name && o.variant == "reference")
+                            .and_then(|o| o.ms)
+                            .map(|ref_ms| format!("{:.2}x", ref_ms / ms))
+                    })
+                    .flatten()
+                    .unwrap_or_default();
+                println!(
+                    "{:<26} {:<10} {:>6} {:>11.3} {:>9.1} {:>6.1}% {:>8}",
+                    r.name,
+                    r.variant,
+                    r.n,
+                    ms,
+                    gbps,
+                    100.0 * gbps / copy_gbps,
+                    speedup
+                );
+            }
+            None => println!(
+                "{:<26} {:<10} {:>6} failed: {}",
+                r.name,
+                r.variant,
+                r.n,
+                r.error.as_deref().unwrap_or("?")
+            ),
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! The generative step judge (method.md, step 3): a language model that reads the task, the
+//! history, one step and the observation that followed it, and writes a verdict token, `+`
+//! (the step is good) or `-` (bad). Each step is judged `m` times at a temperature; anything
+//! but `+`/`-` is an invalid verdict (0, a format failure).
+//!
+//! Prompt (one line per field, so a character tokenizer sees clear boundaries):
+//! ```text
+//! T:<task>
+//! H:<earlier steps, joined by '|'>
+//! S:<the step>
+//! O:<the observation>
+//! V:
+//! ```
+
+use crate::env::{Environment, Split};
+use crate::lm::{CausalLm, SampleParams, Tokenizer};
+use crate::reward::Verdict;
+use crate::rng::Rng;
+use crate::rollout::{Trajectory, rollout};
+use burn::prelude::Backend;
+
+/// One judged policy step: the judge's prompt, its `m` sampled tokens and verdicts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JudgedStep {
+    /// Trajectory index.
+    pub traj: usize,
+    /// Step index within the trajectory.
+    pub step: usize,
+    /// BOS + prompt tokens.
+    pub prompt: Vec<u32>,
+    /// The token sampled by each vote.
+    pub tokens: Vec<u32>,
+    /// The parsed verdict of each vote.
+    pub verdicts: Vec<Verdict>,
+}
+
+/// The judge prompt text for one step.
+pub fn prompt_text(task: &str, history: &[&str], step: &str, observation: &str) -> String {
+    format!(
+        "T:{}\nH:{}\nS:{}\nO:{}\nV:",
+        task.trim_end(),
+        history.join("|"),
+        step,
+        observation.trim_end()
+    )
+}
+
+/// BOS + the tokens of the prompt of step `i` of `t`, fitted into `max_len − 1` tokens (room
+/// for the verdict) by dropping the oldest history first, then the start of the text.
+pub fn encode_prompt(tok: &dyn Tokenizer, t: &Trajectory, i: usize, max_len: usize) -> Vec<u32> {
+    let step = &t.steps[i];
+    let history: Vec<&str> = t.steps[..i].iter().map(|s| s.text.as_str()).collect();
+    let budget = max_len.saturating_sub(2).max(1);
+    let mut from = 0;
+    let mut ids = tok.encode(&prompt_text(
+        &t.prompt,
+        &history[from..],
+        &step.text,
+        &step.observation,
+    ));
+    while ids.len() > budget && from < history.len() {
+        from += 1;
+        ids = tok.encode(&prompt_text(
+            &t.prompt,
+            &history[from..],
+            &step.text,
+            &step.observation,
+        ));
+    }
+    if ids.len() > budget {
+        ids.drain(..ids.len() - budget);
+    }
+    let mut out = Vec::with_capacity(ids.len() + 1);
+    out.push(tok.bos());
+    out.extend(ids);
+    out
+}
+
+/// The token that means verdict `v` (`+` for a good step, `-` for a bad one).
+pub fn verdict_token(tok: &dyn Tokenizer, good: bool) -> u32 {
+    tok.encode(if good { "+" } else { "-" })
+        .first()
+        .copied()
+        .unwrap_or(0)
+}
+
+/// Parses a sampled verdict token.
+pub fn parse_verdict(tok: &dyn Tokenizer, token: u32) -> Verdict {
+    match tok.decode(&[token]).as_str() {
+        "+" => 1,
+        "-" => -1,
+        _ => 0,
+    }
+}
+
+/// Judges every step of `trajs` `votes` times at `temperature`, in one batched call.
+pub fn judge_steps<B: Backend, M: CausalLm<B>>(
+    judge: &M,
+    tok: &dyn Tokenizer,
+    trajs: &[Trajectory],
+    votes: usize,
+    temperature: f64,
+    rng: &mut Rng,
+) -> Vec<JudgedStep> {
+    let mut judged: Vec<JudgedStep> = Vec::new();
+    for (ti, t) in trajs.iter().enumerate() {
+        for si in 0..t.steps.len() {
+            judged.push(JudgedStep {
+                traj: ti,
+                step: si,
+                prompt: encode_prompt(tok, t, si, judge.max_seq_len()),
+                tokens: Vec::with_capacity(votes),
+                verdicts: Vec::with_capacity(votes),
+            });
+        }
+    }
+    if judged.is_empty() || votes == 0 {
+        return judged;
+    }
+    let prompts: Vec<Vec<u32>> = judged
+        .iter()
+        .flat_map(|j| std::iter::repeat_n(j.prompt.clone(), votes))
+        .collect();
+    let params = SampleParams {
+        temperature,
+        top_p: 1.0,
+        max_new_tokens: 1,
+        stop_tokens: Vec::new(),
+    };
+    let gens = judge.generate(&prompts, &params, rng);
+    for (k, g) in gens.into_iter().enumerate() {
+        let token = g.tokens.first().copied().unwrap_or(tok.pad());
+        let j = &mut judged[k / votes];
+        j.tokens.push(token);
+        j.verdicts.push(parse_verdict(tok, token));
+    }
+    judged
+}
+
+/// Oracle-labelled judge examples for the judge's warm start: `(prompt tokens, label)` for
+/// `n` steps of `policy`'s own rollouts (temperature-1 sampling, random difficulties), each
+/// label flipped with probability `label_noise`.
+#[allow(clippy::too_many_arguments)]
+pub fn labelled_steps<B: Backend, P: CausalLm<B>>(
+    policy: &P,
+    env: &dyn Environment,
+    tok: &dyn Tokenizer,
+    n: usize,
+    label_noise: f64,
+    judge_max_len: usize,
+    params: &SampleParams,
+    max_env_steps: usize,
+    rng: &mut Rng,
+) -> Vec<(Vec<u32>, bool)> {
+    let dims = env.difficulty_space().len();
+    let mut out = Vec::with_capacity(n);
+    // A bounded number of rounds: an environment whose episodes take no step cannot loop forever.
+    for _round in 0..1000 {
+        if out.len() >= n {
+            break;
+        }
+        let episodes = (0..32)
+            .map(|i| {
+                let d: Vec<f64> = (0..dims).map(|_| rng.uniform()).collect();
+                (i, env.sample(&d, Split::Train, rng))
+            })
+            .collect();
+        let trajs = rollout(policy, tok, episodes, params, max_env_steps, rng);
+        for t in &trajs {
+            for i in 0..t.steps.len() {
+                if out.len() < n {
+                    let label = t.steps[i].oracle ^ rng.bernoulli(label_noise);
+                    out.push((encode_prompt(tok, t, i, judge_max_len), label));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Verdicts regrouped as `[trajectory][step] → m verdicts`.
+pub fn by_trajectory(judged: &[JudgedStep], trajs: &[Trajectory]) -> Vec<Vec<Vec<Verdict>>> {
+    let mut out: Vec<Vec<Vec<Verdict>>> = trajs
+        .iter()
+        .map(|t| vec![Vec::new(); t.steps.len()])
+        .collect();
+    for j in judged {
+        out[j.traj][j.step] = j.verdicts.clone();
+    }
+    out
+}
+
+/// Judge quality on played-out trajectories (method.md, "What the paper measures").
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct JudgeQuality {
+    /// Majority verdict agrees with the oracle step label.
+    pub process_acc: f64,
+    /// Process accuracy on steps the oracle labels correct (p⁺).
+    pub process_acc_pos: f64,
+    /// Process accuracy on steps the oracle labels wrong (p⁻).
+    pub process_acc_neg: f64,
+    /// "Every step judged good" agrees with the trajectory's outcome.
+    pub outcome_acc: f64,
+}
+
+/// Scores the judge's majority verdicts against the oracle labels and outcomes.
+pub fn quality(judged: &[JudgedStep], trajs: &[Trajectory]) -> JudgeQuality {
+    let (mut hit, mut n, mut hit_pos, mut n_pos, mut hit_neg, mut n_neg) = (0, 0, 0, 0, 0, 0);
+    let mut all_good = vec![true; trajs.len()];
+    for j in judged {
+        let maj = crate::reward::majority(&j.verdicts);
+        let oracle = trajs[j.traj].steps[j.step].oracle;
+        let right = (oracle && maj == 1) || (!oracle && maj == -1);
+        n += 1;
+        hit += usize::from(right);
+        if oracle {
+            n_pos += 1;
+            hit_pos += usize::from(right);
+        } else {
+            n_neg += 1;
+            hit_neg += usize::from(right);
+        }
+        if maj != 1 {
+            all_good[j.traj] = false;
+        }
+    }
+    let frac = |a: usize, b: usize| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+    let outcome_hits = trajs
+        .iter()
+        .zip(&all_good)
+        .filter(|(t, g)| t.outcome == **g)
+        .count();
+    JudgeQuality {
+        process_acc: frac(hit, n),
+        process_acc_pos: frac(hit_pos, n_pos),
+        process_acc_neg: frac(hit_neg, n_neg),
+        outcome_acc: frac(outcome_hits, trajs.len()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rollout::StepSpan;
+
+    fn span(text: &str, oracle: bool) -> StepSpan {
+        StepSpan {
+            start: 1,
+            end: 2,
+            text: text.into(),
+            oracle,
+            observation: String::new(),
+            blame: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn prompt_layout() {
+        assert_eq!(
+            prompt_text("7+5-3\n", &["7+5=12"], "12-3=9", ""),
+            "T:7+5-3\nH:7+5=12\nS:12-3=9\nO:\nV:"
+        );
+    }
+
+    #[test]
+    fn quality_hand_computed() {
+        let trajs = vec![
+            Trajectory {
+                task: 0,
+                tokens: vec![],
+                steps: vec![span("a", true), span("b", false)],
+                outcome: false,
+                prompt: "p".into(),
+                finite: true,
+            },
+            Trajectory {
+                task: 0,
+                tokens: vec![],
+                steps: vec![span("c", true)],
+                outcome: true,
+                prompt: "p".into(),
+                finite: true,
+            },
+        ];
+        let j = |traj, step, verdicts: Vec<i8>| JudgedStep {
+            traj,
+            step,
+            prompt: vec![],
+            tokens: vec![],
+            verdicts,
+        };
+        // Step (0,0) good, judged + (right); (0,1) bad, judged + (wrong); (1,0) good, judged + (right).
+        let judged = vec![
+            j(0, 0, vec![1, 1, -1]),
+            j(0, 1, vec![1, 0, 1]),
+            j(1, 0, vec![1, 1, 1]),
+        ];
+        let q = quality(&judged, &trajs);
+        assert!((q.process_acc - 2.0 / 3.0).abs() < 1e-12);
+        assert_eq!(q.process_acc_pos, 1.0);
+        assert_eq!(q.process_acc_neg, 0.0);
+        // Trajectory 0 all judged good but failed (wrong); trajectory 1 right.
+        assert_eq!(q.outcome_acc, 0.5);
+    }
+}

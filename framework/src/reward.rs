@@ -1,0 +1,103 @@
+//! The two rewards of method.md as small pure functions.
+//!
+//! - **Integrated reward** of a policy step (step 4): `R = O + (λ / m) · Σ_j S_j`, with the
+//!   outcome `O ∈ {−1, +1}` and the judge's `m` verdicts `S_j ∈ {−1, 0, +1}` (0 = unparseable).
+//! - **Consistency reward** of a verdict (step 5): `R · S_j`, or −2 for an unparseable verdict;
+//!   advantages are z-scored over the `m` verdicts of one step.
+
+use crate::advantage::zscore;
+
+/// A verdict: `+1` (step is good), `−1` (bad), `0` (unparseable: a format failure).
+pub type Verdict = i8;
+
+/// Reward given to an unparseable verdict.
+pub const INVALID_VERDICT_REWARD: f64 = -2.0;
+
+/// `O + (λ / m) · Σ S`; with no verdicts (no judge) it is the outcome alone.
+pub fn integrated_reward(outcome: bool, verdicts: &[Verdict], lambda: f64) -> f64 {
+    let o = if outcome { 1.0 } else { -1.0 };
+    if verdicts.is_empty() {
+        return o;
+    }
+    let sum: f64 = verdicts.iter().map(|&s| f64::from(s)).sum();
+    o + lambda / verdicts.len() as f64 * sum
+}
+
+/// Consistency reward of each verdict of one step whose integrated reward is `r_step`.
+pub fn consistency_rewards(r_step: f64, verdicts: &[Verdict]) -> Vec<f64> {
+    verdicts
+        .iter()
+        .map(|&s| {
+            if s == 0 {
+                INVALID_VERDICT_REWARD
+            } else {
+                r_step * f64::from(s)
+            }
+        })
+        .collect()
+}
+
+/// Advantages of the verdicts of one step: z-scores of their consistency rewards, `None`
+/// when they are all equal (no signal).
+pub fn verdict_advantages(r_step: f64, verdicts: &[Verdict]) -> Option<Vec<f64>> {
+    zscore(&consistency_rewards(r_step, verdicts))
+}
+
+/// Majority verdict: the sign of the sum (0 on a tie or when every verdict is invalid).
+pub fn majority(verdicts: &[Verdict]) -> Verdict {
+    let sum: i32 = verdicts.iter().map(|&s| i32::from(s)).sum();
+    sum.signum() as Verdict
+}
+
+/// Whether every verdict is −1 (the step is flagged as a failure for critic feedback).
+pub fn all_negative(verdicts: &[Verdict]) -> bool {
+    !verdicts.is_empty() && verdicts.iter().all(|&s| s == -1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integrated_reward_hand_computed() {
+        // O = +1, λ = 1, verdicts (+1, −1, +1): 1 + 1/3 · 1 = 4/3
+        assert!((integrated_reward(true, &[1, -1, 1], 1.0) - 4.0 / 3.0).abs() < 1e-12);
+        // O = −1, λ = 0.5, verdicts (−1, −1, 0): −1 + 0.5/3 · (−2) = −4/3
+        assert!((integrated_reward(false, &[-1, -1, 0], 0.5) + 4.0 / 3.0).abs() < 1e-12);
+        // No judge: the outcome alone.
+        assert_eq!(integrated_reward(false, &[], 1.0), -1.0);
+    }
+
+    #[test]
+    fn consistency_reward_hand_computed() {
+        // R = 4/3, verdicts (+1, −1, 0) → (4/3, −4/3, −2)
+        let r = consistency_rewards(4.0 / 3.0, &[1, -1, 0]);
+        assert!((r[0] - 4.0 / 3.0).abs() < 1e-12);
+        assert!((r[1] + 4.0 / 3.0).abs() < 1e-12);
+        assert_eq!(r[2], -2.0);
+    }
+
+    #[test]
+    fn verdict_advantages_hand_computed() {
+        // R = 1, verdicts (+1, +1, −1): rewards (1, 1, −1): mean 1/3, std sqrt(8/9)
+        let a = verdict_advantages(1.0, &[1, 1, -1]).expect("variance");
+        let s = (8.0f64 / 9.0).sqrt();
+        assert!((a[0] - (2.0 / 3.0) / s).abs() < 1e-12);
+        assert!((a[2] + (4.0 / 3.0) / s).abs() < 1e-12);
+        // Unanimous verdicts: no signal.
+        assert!(verdict_advantages(1.0, &[1, 1, 1]).is_none());
+        // R = 0 makes every valid verdict's reward 0: only an invalid one stands out.
+        assert!(verdict_advantages(0.0, &[1, -1]).is_none());
+        assert!(verdict_advantages(0.0, &[1, 0]).is_some());
+    }
+
+    #[test]
+    fn majority_and_flags() {
+        assert_eq!(majority(&[1, -1, 1]), 1);
+        assert_eq!(majority(&[1, -1, 0]), 0);
+        assert_eq!(majority(&[-1, -1, 0]), -1);
+        assert!(all_negative(&[-1, -1, -1]));
+        assert!(!all_negative(&[-1, 0, -1]));
+        assert!(!all_negative(&[]));
+    }
+}

@@ -1,0 +1,244 @@
+//! One PPO update phase (method.md, step 6), shared by the policy and the judge: the
+//! samples are shuffled, split into minibatches, and each minibatch takes one AdamW step on
+//! the PPO-clip + KL loss.
+//!
+//! A sample is a token sequence with *units* — the spans that are trained, each with one
+//! advantage: a policy step (its tokens) or a judge verdict (one token). Every unit weighs
+//! the same: its tokens share `1 / (tokens in the unit) / (units in the minibatch)`.
+
+use crate::batch::{TokenBatch, host_tensor, sequence_logprobs, token_batch, weighted_entropy};
+use crate::experiment::KlEstimator;
+use crate::lm::CausalLm;
+use crate::ppo::ppo_loss;
+use crate::progress;
+use crate::rng::Rng;
+use burn::module::AutodiffModule;
+use burn::optim::Optimizer;
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+
+/// A trained span `[start, end)` of a sample's tokens with its advantage.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unit {
+    /// First trained token (index into the sample's tokens; at least 1).
+    pub start: usize,
+    /// One past the last trained token.
+    pub end: usize,
+    /// The unit's advantage.
+    pub adv: f64,
+}
+
+/// A token sequence and the units trained in it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// BOS, context and generated tokens.
+    pub tokens: Vec<u32>,
+    /// What is trained.
+    pub units: Vec<Unit>,
+}
+
+/// The knobs of one update phase.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpdateParams {
+    /// Ratio clip ε.
+    pub clip: f64,
+    /// KL coefficient β.
+    pub kl_coef: f64,
+    /// KL estimator.
+    pub estimator: KlEstimator,
+    /// Learning rate.
+    pub lr: f64,
+    /// Global gradient-norm clip.
+    pub max_grad_norm: f64,
+    /// Number of minibatches (= optimiser steps).
+    pub minibatches: usize,
+    /// Padding id.
+    pub pad: u32,
+}
+
+/// Means over the minibatches of one update phase.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UpdateStats {
+    /// PPO loss.
+    pub loss: f64,
+    /// KL penalty term (before β).
+    pub kl: f64,
+    /// Fraction of clipped tokens.
+    pub clipfrac: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Policy entropy on the trained tokens of the first minibatch, before the update.
+    pub entropy: f64,
+    /// Optimiser steps taken.
+    pub updates: usize,
+    /// Trained tokens.
+    pub tokens: usize,
+}
+
+/// A quantity went NaN/Inf: which one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NonFinite(pub &'static str);
+
+/// Runs one update phase and returns the updated model and its statistics (`None` when no
+/// sample carries a unit). `old` is the model that produced the samples (its log-probs are
+/// the ratio's denominator); `target` is what the KL is measured against (`old` itself for
+/// `KlTarget::Old`, a frozen reference model otherwise).
+#[allow(clippy::too_many_arguments)]
+pub fn ppo_update<B, M, O>(
+    mut model: M,
+    optim: &mut O,
+    old: &M::InnerModule,
+    target: &M::InnerModule,
+    samples: &[Sample],
+    params: &UpdateParams,
+    rng: &mut Rng,
+    label: &str,
+    show_progress: bool,
+    device: &B::Device,
+) -> Result<(M, Option<UpdateStats>), NonFinite>
+where
+    B: AutodiffBackend,
+    M: CausalLm<B> + AutodiffModule<B>,
+    M::InnerModule: CausalLm<B::InnerBackend>,
+    O: Optimizer<M, B>,
+{
+    let mut order: Vec<usize> = (0..samples.len())
+        .filter(|&i| !samples[i].units.is_empty())
+        .collect();
+    if order.is_empty() {
+        return Ok((model, None));
+    }
+    rng.shuffle(&mut order);
+    let n_mb = params.minibatches.clamp(1, order.len());
+    let mb_size = order.len().div_ceil(n_mb);
+    let mut stats = UpdateStats::default();
+    let pb = progress::bar(order.chunks(mb_size).len() as u64, label, show_progress);
+    for (k, mb) in order.chunks(mb_size).enumerate() {
+        let seqs: Vec<&[u32]> = mb.iter().map(|&i| samples[i].tokens.as_slice()).collect();
+        let batch = token_batch::<B>(&seqs, params.pad, model.max_seq_len(), device);
+        let (adv, weight, n_tok) = unit_targets(mb, samples, batch.batch, batch.seq);
+        stats.tokens += n_tok;
+        let inner = TokenBatch::<B::InnerBackend> {
+            inputs: batch.inputs.clone().inner(),
+            targets: batch.targets.clone().inner(),
+            batch: batch.batch,
+            seq: batch.seq,
+        };
+        let weight_inner =
+            host_tensor::<B::InnerBackend>(weight.clone(), batch.batch, batch.seq, device);
+        if k == 0 {
+            stats.entropy = weighted_entropy(old, &inner, weight_inner);
+        }
+        let old_lp = sequence_logprobs(old, &inner);
+        let target_lp = if std::ptr::eq(old, target) {
+            old_lp.clone()
+        } else {
+            sequence_logprobs(target, &inner)
+        };
+        let out = ppo_loss(
+            sequence_logprobs(&model, &batch),
+            Tensor::from_inner(old_lp),
+            Tensor::from_inner(target_lp),
+            host_tensor::<B>(adv, batch.batch, batch.seq, device),
+            host_tensor::<B>(weight, batch.batch, batch.seq, device),
+            params.clip,
+            params.kl_coef,
+            params.estimator,
+        );
+        let loss = out.loss.clone().into_scalar().elem::<f64>();
+        if !loss.is_finite() {
+            return Err(NonFinite("loss"));
+        }
+        let norm;
+        (model, norm) = crate::optim::step(model, optim, out.loss, params.lr, params.max_grad_norm);
+        if !norm.is_finite() {
+            return Err(NonFinite("gradient norm"));
+        }
+        stats.loss += loss;
+        stats.kl += out.kl.into_scalar().elem::<f64>();
+        stats.clipfrac += out.clipfrac.into_scalar().elem::<f64>();
+        stats.grad_norm += norm;
+        stats.updates += 1;
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    let n = stats.updates as f64;
+    stats.loss /= n;
+    stats.kl /= n;
+    stats.clipfrac /= n;
+    stats.grad_norm /= n;
+    Ok((model, Some(stats)))
+}
+
+/// Per-token advantages and weights of a minibatch in the batch's `[row, j]` layout
+/// (token `k` is predicted at target position `k − 1`). Returns `(adv, weight, tokens)`.
+fn unit_targets(
+    mb: &[usize],
+    samples: &[Sample],
+    batch: usize,
+    seq: usize,
+) -> (Vec<f32>, Vec<f32>, usize) {
+    let n_units: usize = mb.iter().map(|&i| samples[i].units.len()).sum();
+    let mut adv = vec![0f32; batch * seq];
+    let mut weight = vec![0f32; batch * seq];
+    let mut n_tok = 0;
+    for (r, &i) in mb.iter().enumerate() {
+        for u in &samples[i].units {
+            let positions: Vec<usize> = (u.start.max(1)..u.end)
+                .map(|k| k - 1)
+                .filter(|&j| j < seq)
+                .collect();
+            let w = 1.0 / positions.len().max(1) as f64 / n_units.max(1) as f64;
+            for j in positions {
+                adv[r * seq + j] = u.adv as f32;
+                weight[r * seq + j] = w as f32;
+                n_tok += 1;
+            }
+        }
+    }
+    (adv, weight, n_tok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units_weigh_the_same_whatever_their_length() {
+        let samples = vec![
+            Sample {
+                tokens: vec![1, 2, 3, 4, 5],
+                units: vec![
+                    Unit {
+                        start: 1,
+                        end: 3,
+                        adv: 0.5,
+                    },
+                    Unit {
+                        start: 4,
+                        end: 5,
+                        adv: -1.0,
+                    },
+                ],
+            },
+            Sample {
+                tokens: vec![1, 2, 3],
+                units: vec![Unit {
+                    start: 2,
+                    end: 3,
+                    adv: 2.0,
+                }],
+            },
+        ];
+        let (adv, w, n) = unit_targets(&[0, 1], &samples, 2, 4);
+        assert_eq!(n, 4);
+        // Row 0: unit (1..3) → positions 0,1 with 1/2/3 each; unit (4..5) → position 3 with 1/3.
+        let third = 1.0f32 / 3.0;
+        assert_eq!(w[0..4], [third / 2.0, third / 2.0, 0.0, third]);
+        assert_eq!(adv[0..4], [0.5, 0.5, 0.0, -1.0]);
+        // Row 1: unit (2..3) → position 1.
+        assert_eq!(w[4..8], [0.0, third, 0.0, 0.0]);
+        let total: f32 = w.iter().sum();
+        assert!((total - 1.0).abs() < 1e-6);
+    }
+}

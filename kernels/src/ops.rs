@@ -1,0 +1,196 @@
+//! The backend extension trait: fused token log-probs and full-vocabulary KL, with backward.
+
+use burn::backend::NdArray;
+use burn::backend::ndarray::{FloatNdArrayElement, IntNdArrayElement, QuantElement};
+use burn::prelude::*;
+use burn::tensor::TensorPrimitive;
+use burn::tensor::ops::{FloatTensor, IntTensor};
+
+use crate::reference;
+
+/// Per-row statistics that the KL forward saves for its backward. Every tensor is `[n]`.
+///
+/// The Cube kernels keep them in `f32` whatever the logits' dtype (so bf16/f16 logits lose no
+/// precision in the backward); the default composition keeps them in the logits' dtype.
+pub struct KlStats<B: Backend> {
+    /// `logsumexp(p_logits)` per row.
+    pub lse_p: FloatTensor<B>,
+    /// `logsumexp(q_logits)` per row.
+    pub lse_q: FloatTensor<B>,
+    /// `KL(softmax(p) ‖ softmax(q))` per row.
+    pub kl: FloatTensor<B>,
+}
+
+impl<B: Backend> Clone for KlStats<B> {
+    fn clone(&self) -> Self {
+        Self {
+            lse_p: self.lse_p.clone(),
+            lse_q: self.lse_q.clone(),
+            kl: self.kl.clone(),
+        }
+    }
+}
+
+impl<B: Backend> core::fmt::Debug for KlStats<B> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("KlStats")
+            .field("lse_p", &self.lse_p)
+            .field("lse_q", &self.lse_q)
+            .field("kl", &self.kl)
+            .finish()
+    }
+}
+
+/// Fused log-prob and KL ops over `[n, vocab]` logits, as a backend extension.
+///
+/// Every method has a default body built from ordinary tensor ops (the reference composition),
+/// so a backend without kernels implements the trait with an empty `impl`. The Cube backends
+/// override the methods with one-pass CubeCL kernels; `Autodiff<B>` overrides `token_logprobs`
+/// and `kl_full` with a custom backward node that calls `B::*_backward`.
+///
+/// Targets must lie in `[0, vocab)`; the Cube kernels do not check them.
+pub trait LogProbOps: Backend {
+    /// The dtype this backend keeps the saved per-row statistics in (`lse`, [`KlStats`]) for
+    /// logits of `logits_dtype`: the logits' own by default, f32 on the Cube backends.
+    fn stat_dtype(logits_dtype: burn::tensor::DType) -> burn::tensor::DType {
+        logits_dtype
+    }
+
+    /// The largest single tensor (bytes) this backend can bind on `device`, if it has a known
+    /// limit (wgpu: the storage-binding size). Benchmarks size their inputs by it.
+    fn max_tensor_bytes(_device: &Self::Device) -> Option<u64> {
+        None
+    }
+
+    /// `log_softmax(logits)[n, targets[n]]`: `[n, vocab]`, `[n]` → `[n]`.
+    fn token_logprobs(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
+        into_prim(reference::token_logprobs(
+            float::<Self, 2>(logits),
+            int(targets),
+        ))
+    }
+
+    /// Forward that also returns `logsumexp(logits)` per row (`[n]`), saved for the backward.
+    fn token_logprobs_with_lse(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let logits = float::<Self, 2>(logits);
+        let [n, _] = logits.dims();
+        let lse = logsumexp_rows(logits.clone());
+        let picked = logits.gather(1, int(targets).reshape([n, 1])).reshape([n]);
+        (into_prim(picked - lse.clone()), into_prim(lse))
+    }
+
+    /// Backward of [`token_logprobs`](Self::token_logprobs):
+    /// `dlogits[n, j] = grad[n] · ([j = targets[n]] − softmax(logits)[n, j])`
+    /// (the gradient of `+log p`; the familiar `softmax − onehot` is that of `−log p`).
+    fn token_logprobs_backward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let logits = float::<Self, 2>(logits);
+        let dtype = logits.dtype();
+        let [n, v] = logits.dims();
+        let lse = float::<Self, 1>(lse).cast(dtype).reshape([n, 1]);
+        let grad = float::<Self, 1>(grad).cast(dtype).reshape([n, 1]);
+        let soft = (logits - lse).exp();
+        let onehot = onehot(int(targets), v, &soft);
+        into_prim((onehot - soft) * grad)
+    }
+
+    /// Full-vocabulary `KL(softmax(p) ‖ softmax(q))` per row: `[n, vocab]` ×2 → `[n]`.
+    fn kl_full(p_logits: FloatTensor<Self>, q_logits: FloatTensor<Self>) -> FloatTensor<Self> {
+        into_prim(reference::kl_full(
+            float::<Self, 2>(p_logits),
+            float::<Self, 2>(q_logits),
+        ))
+    }
+
+    /// Forward that also returns the per-row statistics saved for the backward.
+    fn kl_full_with_stats(
+        p_logits: FloatTensor<Self>,
+        q_logits: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, KlStats<Self>) {
+        let p = float::<Self, 2>(p_logits);
+        let q = float::<Self, 2>(q_logits);
+        let [n, _] = p.dims();
+        let lse_p = logsumexp_rows(p.clone());
+        let lse_q = logsumexp_rows(q.clone());
+        let logp = p - lse_p.clone().reshape([n, 1]);
+        let logq = q - lse_q.clone().reshape([n, 1]);
+        let kl = (logp.clone().exp() * (logp - logq)).sum_dim(1).reshape([n]);
+        let stats = KlStats {
+            lse_p: into_prim(lse_p),
+            lse_q: into_prim(lse_q),
+            kl: into_prim(kl.clone()),
+        };
+        (into_prim(kl), stats)
+    }
+
+    /// Backward of [`kl_full`](Self::kl_full), for the inputs that need it:
+    /// `dp = g · P ⊙ (log P − log Q − KL)`, `dq = g · (Q − P)` with `P = softmax(p)`,
+    /// `Q = softmax(q)`.
+    fn kl_full_backward(
+        p_logits: FloatTensor<Self>,
+        q_logits: FloatTensor<Self>,
+        stats: KlStats<Self>,
+        grad: FloatTensor<Self>,
+        need_p: bool,
+        need_q: bool,
+    ) -> (Option<FloatTensor<Self>>, Option<FloatTensor<Self>>) {
+        let p = float::<Self, 2>(p_logits);
+        let q = float::<Self, 2>(q_logits);
+        let dtype = p.dtype();
+        let [n, _] = p.dims();
+        let col = |t: FloatTensor<Self>| float::<Self, 1>(t).cast(dtype).reshape([n, 1]);
+        let (lse_p, lse_q, kl, grad) =
+            (col(stats.lse_p), col(stats.lse_q), col(stats.kl), col(grad));
+        let logp = p - lse_p;
+        let logq = q - lse_q;
+        let prob_p = logp.clone().exp();
+        let dq = need_q.then(|| into_prim((logq.clone().exp() - prob_p.clone()) * grad.clone()));
+        let dp = need_p.then(|| into_prim(prob_p * (logp - logq - kl) * grad));
+        (dp, dq)
+    }
+}
+
+/// NdArray: the default (reference) composition.
+impl<E: FloatNdArrayElement, I: IntNdArrayElement, Q: QuantElement> LogProbOps for NdArray<E, I, Q>
+where
+    burn::backend::ndarray::NdArrayTensor: From<burn::backend::ndarray::SharedArray<E>>,
+    burn::backend::ndarray::NdArrayTensor: From<burn::backend::ndarray::SharedArray<I>>,
+{
+}
+
+pub(crate) fn float<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(t))
+}
+
+pub(crate) fn int<B: Backend>(t: IntTensor<B>) -> Tensor<B, 1, Int> {
+    Tensor::from_primitive(t)
+}
+
+pub(crate) fn into_prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
+    t.into_primitive().tensor()
+}
+
+/// `logsumexp` over dim 1 of `[n, v]` → `[n]` (max-shifted).
+fn logsumexp_rows<B: Backend>(x: Tensor<B, 2>) -> Tensor<B, 1> {
+    let [n, _] = x.dims();
+    let max = x.clone().max_dim(1).detach();
+    ((x - max.clone()).exp().sum_dim(1).log() + max).reshape([n])
+}
+
+/// `[n]` int targets → `[n, v]` float one-hot, in `like`'s dtype (lazy: no host sync).
+fn onehot<B: Backend>(targets: Tensor<B, 1, Int>, v: usize, like: &Tensor<B, 2>) -> Tensor<B, 2> {
+    let [n] = targets.dims();
+    let device = targets.device();
+    let cols = Tensor::<B, 1, Int>::arange(0..v as i64, &device)
+        .reshape([1, v])
+        .expand([n, v]);
+    let hits = cols.equal(targets.reshape([n, 1]).expand([n, v]));
+    hits.float().cast(like.dtype())
+}
