@@ -62,6 +62,15 @@ enum Command {
         #[command(flatten)]
         args: bench::BenchArgs,
     },
+    /// Tables from run directories: the ablation table (mean ± 95% CI over seeds per experiment).
+    Report {
+        /// Run directories, or folders holding them (e.g. `runs/`).
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Also write `report.md` into this folder.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Validate experiment files without running them; print the resolved experiment.
     Check {
         /// Experiment files.
@@ -111,6 +120,29 @@ struct UsageError(String);
 fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Bench { args } => bench::run(args),
+        Command::Report { paths, out } => {
+            let runs = rlany_reports::collect(&paths)?;
+            let table = rlany_reports::ablation_table(&runs);
+            println!("{table}");
+            if let Some(dir) = out {
+                std::fs::create_dir_all(&dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+                let path = dir.join("report.md");
+                let text = format!(
+                    "# Report\n\n{} runs from {}.\n\n{table}",
+                    runs.len(),
+                    paths
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                std::fs::write(&path, text)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                println!("wrote {}", path.display());
+            }
+            Ok(())
+        }
         Command::Check { files, quiet } => {
             let mut failed = None;
             for f in &files {

@@ -776,7 +776,7 @@ fn evaluate_all<B: Backend, M: CausalLm<B>>(
     let d = &exp.arith().difficulty;
     let b = &exp.budget;
     let mst = exp.policy.sampling.max_step_tokens;
-    let pb = progress::bar(3, "eval", show_progress);
+    let mut pb = progress::bar(3, "eval", show_progress);
     let id = evaluate(
         policy,
         env,

@@ -112,7 +112,7 @@ where
     let n_mb = params.minibatches.clamp(1, order.len());
     let mb_size = order.len().div_ceil(n_mb);
     let mut stats = UpdateStats::default();
-    let pb = progress::bar(order.chunks(mb_size).len() as u64, label, show_progress);
+    let mut pb = progress::bar(order.chunks(mb_size).len() as u64, label, show_progress);
     for (k, mb) in order.chunks(mb_size).enumerate() {
         let seqs: Vec<&[u32]> = mb.iter().map(|&i| samples[i].tokens.as_slice()).collect();
         let batch = token_batch::<B>(&seqs, params.pad, model.max_seq_len(), device);

@@ -91,7 +91,7 @@ where
     M: CausalLm<B> + AutodiffModule<B>,
 {
     let mut optim = AdamWConfig::new().with_weight_decay(0.0).init::<B, M>();
-    let pb = progress::bar(steps as u64, label, show_progress);
+    let mut pb = progress::bar(steps as u64, label, show_progress);
     let mut last = f64::NAN;
     for step in 0..steps {
         let examples = next_batch(step);
