@@ -24,10 +24,15 @@ Experiment(
 )
 "#;
 
-/// The full system on the same tiny scale: a learned judge and the GP proposer.
+/// The full system on the same tiny scale: a learned judge, the GP proposer, and a KL
+/// penalty against a frozen reference model (which checkpoints must carry).
 fn tiny_full() -> String {
     TINY.replace("name: \"tiny\"", "name: \"tiny_full\"")
         .replace("difficulty: [0.0, 0.0, 0.0]", "difficulty: [0.5, 0.0, 0.5]")
+        .replace(
+            "algorithm: Ppo(lr: 1e-3, policy_updates: 2)",
+            "algorithm: Ppo(lr: 1e-3, policy_updates: 2, kl: (coef: 0.05, estimator: K2, target: Reference))",
+        )
         .replace(
             "reward: (policy_band: (0.1, 0.9)),",
             "judge: Learned(d_model: 32, layers: 1, heads: 2, kv_heads: 1, ffn: 64, max_seq_len: 64,\n\
@@ -239,6 +244,10 @@ fn resume_is_exact_with_a_learned_judge_and_the_gp_proposer() {
         "no proposal was made"
     );
     assert!(ra.join("posterior.jsonl").exists());
+    let latest = fs::read_to_string(ra.join("checkpoints/latest")).expect("latest");
+    for part in ["policy.mpk", "policy_optim.mpk", "judge.mpk", "judge_optim.mpk", "reference.mpk", "state.json"] {
+        assert!(ra.join("checkpoints").join(latest.trim()).join(part).exists(), "checkpoint lacks {part}");
+    }
     for d in [a, b] {
         let _ = fs::remove_dir_all(d);
     }
