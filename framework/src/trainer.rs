@@ -545,8 +545,11 @@ where
         )
         .map_err(non_finite(step, "policy"))?;
         policy = p;
+        // Only a learned judge is updated (a frozen one keeps its warm-start weights).
         let mut judge_stats = None;
-        if let (Some(j), Some(spec), true) = (judge.take(), &judge_spec, exp.judge.trained()) {
+        if exp.judge.trained()
+            && let (Some(j), Some(spec)) = (judge.take(), &judge_spec)
+        {
             let old_judge = j.valid();
             let params = UpdateParams {
                 lr: spec.lr,

@@ -245,8 +245,21 @@ fn resume_is_exact_with_a_learned_judge_and_the_gp_proposer() {
     );
     assert!(ra.join("posterior.jsonl").exists());
     let latest = fs::read_to_string(ra.join("checkpoints/latest")).expect("latest");
-    for part in ["policy.mpk", "policy_optim.mpk", "judge.mpk", "judge_optim.mpk", "reference.mpk", "state.json"] {
-        assert!(ra.join("checkpoints").join(latest.trim()).join(part).exists(), "checkpoint lacks {part}");
+    for part in [
+        "policy.mpk",
+        "policy_optim.mpk",
+        "judge.mpk",
+        "judge_optim.mpk",
+        "reference.mpk",
+        "state.json",
+    ] {
+        assert!(
+            ra.join("checkpoints")
+                .join(latest.trim())
+                .join(part)
+                .exists(),
+            "checkpoint lacks {part}"
+        );
     }
     for d in [a, b] {
         let _ = fs::remove_dir_all(d);
@@ -292,11 +305,13 @@ fn every_ablation_row_runs_with_a_tiny_budget() {
         assert_eq!(m.len(), 3, "{}", f.display());
         let has = |k: &str| m.iter().any(|l| l.get(k).is_some());
         assert!(has("eval/acc_id") && has("eval/acc_ood") && has("env/proposals"));
-        assert_eq!(
-            has("judge/process_acc"),
-            row >= 1,
-            "row {row}: judge metrics"
-        );
+        // Rows 1.. judge every training step and evaluate the judge at every eval.
+        let judged_every_step = m[1..]
+            .iter()
+            .all(|l| l.get("judge/verdict_pos_rate").is_some());
+        let judge_evaluated_last = m.last().and_then(|l| l.get("judge/process_acc")).is_some();
+        assert_eq!(judged_every_step, row >= 1, "row {row}: judge verdicts");
+        assert_eq!(judge_evaluated_last, row >= 1, "row {row}: judge quality");
     }
     let _ = fs::remove_dir_all(dir);
 }
