@@ -8,7 +8,6 @@ mod bench;
 
 use anyhow::{Context, Result};
 use burn::backend::Autodiff;
-use burn::tensor::backend::AutodiffBackend;
 use clap::{Parser, Subcommand};
 use rlany_envs::gp::{Acquisition as GpAcquisition, Gp, GpConfig};
 use rlany_envs::{Arith, ArithConfig};
@@ -345,7 +344,7 @@ pub fn build_proposer(exp: &Experiment) -> Box<dyn Proposer> {
     }
 }
 
-fn run_seed<B: AutodiffBackend>(
+fn run_seed<B: rlany_kernels::AutodiffLogProbOps>(
     exp: &Experiment,
     seed: u64,
     device: &B::Device,

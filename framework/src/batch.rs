@@ -6,7 +6,7 @@
 
 use crate::lm::CausalLm;
 use burn::prelude::*;
-use rlany_kernels::token_logprobs;
+use rlany_kernels::{KernelChoice, LogProbOps};
 
 /// A right-padded batch of next-token prediction targets.
 #[derive(Debug, Clone)]
@@ -52,22 +52,25 @@ pub fn token_batch<B: Backend>(
     }
 }
 
-/// Log-probability of every target token under `model`.
+/// Log-probability of every target token under `model`, computed by `kernels` (the fused
+/// one-pass kernel or the composed reference).
 ///
 /// # Shapes
 /// - output: `[batch, seq]`
-pub fn sequence_logprobs<B: Backend, M: CausalLm<B>>(
+pub fn sequence_logprobs<B: LogProbOps, M: CausalLm<B>>(
     model: &M,
     batch: &TokenBatch<B>,
+    kernels: KernelChoice,
 ) -> Tensor<B, 2> {
     let logits = model.forward(batch.inputs.clone());
     let [b, t, v] = logits.dims();
     // [b·t, v] → [b·t] → [b, t]
-    token_logprobs(
-        logits.reshape([b * t, v]),
-        batch.targets.clone().reshape([b * t]),
-    )
-    .reshape([b, t])
+    kernels
+        .token_logprobs(
+            logits.reshape([b * t, v]),
+            batch.targets.clone().reshape([b * t]),
+        )
+        .reshape([b, t])
 }
 
 /// Mean per-token entropy of `model`'s distribution over the positions where `weight > 0`.

@@ -90,6 +90,30 @@ pub struct Experiment {
     pub adaptation: Adaptation,
     /// Sizes and schedule of the run.
     pub budget: Budget,
+    /// Which implementation of the loss-side ops (token log-probs) the updates use.
+    #[serde(default)]
+    pub kernels: Kernels,
+}
+
+/// `Fused`: the backend's fused kernels (CubeCL on wgpu/cuda; the composition elsewhere).
+/// `Reference`: the composed reference ops everywhere — for comparisons.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum Kernels {
+    /// The backend's fused kernels.
+    #[default]
+    Fused,
+    /// The composed reference ops.
+    Reference,
+}
+
+impl Kernels {
+    /// The kernel crate's selector.
+    pub fn choice(self) -> rlany_kernels::KernelChoice {
+        match self {
+            Kernels::Fused => rlany_kernels::KernelChoice::Fused,
+            Kernels::Reference => rlany_kernels::KernelChoice::Reference,
+        }
+    }
 }
 
 /// The environment plugins that ship with the project.

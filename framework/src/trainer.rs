@@ -36,6 +36,7 @@ use burn::module::AutodiffModule;
 use burn::optim::AdamWConfig;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
+use rlany_kernels::AutodiffLogProbOps;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -151,10 +152,11 @@ pub fn train<B, M>(
     opts: &TrainOptions,
 ) -> Result<RunSummary, TrainError>
 where
-    B: AutodiffBackend,
+    B: AutodiffLogProbOps,
     M: CausalLm<B> + AutodiffModule<B>,
     M::InnerModule: CausalLm<B::InnerBackend>,
 {
+    let kernels = exp.kernels.choice();
     let Components {
         env,
         tok,
@@ -222,6 +224,7 @@ where
             ppo.max_grad_norm,
             &mut rng,
             opts.progress,
+            kernels,
             device,
         )
         .map_err(non_finite(0, "policy warm-start"))?;
@@ -266,6 +269,7 @@ where
                     ppo.max_grad_norm,
                     "judge warm",
                     opts.progress,
+                    kernels,
                     device,
                     |_| {
                         (0..ws.batch.min(examples.len()))
@@ -529,6 +533,7 @@ where
             max_grad_norm: ppo.max_grad_norm,
             minibatches: ppo.policy_updates,
             pad: tok.pad(),
+            kernels,
         };
         let target = reference.as_ref().unwrap_or(&old_policy);
         let (p, policy_stats) = ppo_update(

@@ -15,7 +15,7 @@ use crate::rng::Rng;
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
+use rlany_kernels::AutodiffLogProbOps;
 
 /// A trained span `[start, end)` of a sample's tokens with its advantage.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,6 +54,8 @@ pub struct UpdateParams {
     pub minibatches: usize,
     /// Padding id.
     pub pad: u32,
+    /// Fused kernels or the reference composition for the token log-probs.
+    pub kernels: rlany_kernels::KernelChoice,
 }
 
 /// Means over the minibatches of one update phase.
@@ -97,7 +99,7 @@ pub fn ppo_update<B, M, O>(
     device: &B::Device,
 ) -> Result<(M, Option<UpdateStats>), NonFinite>
 where
-    B: AutodiffBackend,
+    B: AutodiffLogProbOps,
     M: CausalLm<B> + AutodiffModule<B>,
     M::InnerModule: CausalLm<B::InnerBackend>,
     O: Optimizer<M, B>,
@@ -129,14 +131,14 @@ where
         if k == 0 {
             stats.entropy = weighted_entropy(old, &inner, weight_inner);
         }
-        let old_lp = sequence_logprobs(old, &inner);
+        let old_lp = sequence_logprobs(old, &inner, params.kernels);
         let target_lp = if std::ptr::eq(old, target) {
             old_lp.clone()
         } else {
-            sequence_logprobs(target, &inner)
+            sequence_logprobs(target, &inner, params.kernels)
         };
         let out = ppo_loss(
-            sequence_logprobs(&model, &batch),
+            sequence_logprobs(&model, &batch, params.kernels),
             Tensor::from_inner(old_lp),
             Tensor::from_inner(target_lp),
             host_tensor::<B>(adv, batch.batch, batch.seq, device),

@@ -15,7 +15,7 @@ use crate::update::NonFinite;
 use burn::module::AutodiffModule;
 use burn::optim::AdamWConfig;
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
+use rlany_kernels::{AutodiffLogProbOps, KernelChoice};
 
 /// A demonstration as tokens, with a 0/1 target mask in the batch's `[row, j]` layout.
 fn demo_tokens(tok: &dyn Tokenizer, prompt: &str, steps: &[String]) -> (Vec<u32>, Vec<bool>) {
@@ -43,10 +43,11 @@ pub fn warm_start<B, M>(
     max_grad_norm: f64,
     rng: &mut Rng,
     show_progress: bool,
+    kernels: KernelChoice,
     device: &B::Device,
 ) -> Result<(M, f64), NonFinite>
 where
-    B: AutodiffBackend,
+    B: AutodiffLogProbOps,
     M: CausalLm<B> + AutodiffModule<B>,
 {
     let dims = env.difficulty_space().len();
@@ -58,6 +59,7 @@ where
         max_grad_norm,
         "warm start",
         show_progress,
+        kernels,
         device,
         |_| {
             (0..spec.batch)
@@ -83,11 +85,12 @@ pub fn supervised<B, M>(
     max_grad_norm: f64,
     label: &str,
     show_progress: bool,
+    kernels: KernelChoice,
     device: &B::Device,
     mut next_batch: impl FnMut(usize) -> Vec<(Vec<u32>, Vec<bool>)>,
 ) -> Result<(M, f64), NonFinite>
 where
-    B: AutodiffBackend,
+    B: AutodiffLogProbOps,
     M: CausalLm<B> + AutodiffModule<B>,
 {
     let mut optim = AdamWConfig::new().with_weight_decay(0.0).init::<B, M>();
@@ -105,7 +108,7 @@ where
         }
         let n: f32 = mask.iter().sum();
         let mask = host_tensor::<B>(mask, batch.batch, batch.seq, device);
-        let lp = sequence_logprobs(&model, &batch);
+        let lp = sequence_logprobs(&model, &batch, kernels);
         let loss = (lp * mask).sum().neg().div_scalar(n.max(1.0));
         last = loss.clone().into_scalar().elem::<f64>();
         if !last.is_finite() {

@@ -23,5 +23,8 @@ mod ops;
 pub mod reference;
 
 pub use fused::KernelChoice;
-pub use ops::{KlStats, LogProbOps};
+pub use ops::{AutodiffLogProbOps, KlStats, LogProbOps};
 pub use reference::{kl_full, token_logprobs};
+
+#[cfg(test)]
+mod tests;

@@ -157,6 +157,20 @@ pub trait LogProbOps: Backend {
     }
 }
 
+/// One bound for a training loop: an autodiff backend whose inner backend has the ops too
+/// (`B: AutodiffLogProbOps` implies `B::InnerBackend: LogProbOps`). Blanket-implemented.
+pub trait AutodiffLogProbOps:
+    burn::tensor::backend::AutodiffBackend<InnerBackend: LogProbOps> + LogProbOps
+{
+}
+
+impl<B> AutodiffLogProbOps for B
+where
+    B: burn::tensor::backend::AutodiffBackend + LogProbOps,
+    B::InnerBackend: LogProbOps,
+{
+}
+
 /// NdArray: the default (reference) composition.
 impl<E: FloatNdArrayElement, I: IntNdArrayElement, Q: QuantElement> LogProbOps for NdArray<E, I, Q>
 where

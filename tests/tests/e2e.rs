@@ -486,3 +486,72 @@ fn a_non_finite_loss_stops_the_run_naming_the_step_and_keeps_the_checkpoint() {
     assert!(err.contains("training step 3"), "{err}");
     let _ = fs::remove_dir_all(dir);
 }
+
+/// Numeric keys of two metrics logs agree within a relative tolerance.
+fn assert_close(a: &[Value], b: &[Value], rel: f64, what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: line count");
+    for (la, lb) in a.iter().zip(b) {
+        let (ma, mb) = (
+            la.as_object().expect("object"),
+            lb.as_object().expect("object"),
+        );
+        let keys_a: Vec<&String> = ma.keys().collect();
+        let keys_b: Vec<&String> = mb.keys().collect();
+        assert_eq!(keys_a, keys_b, "{what}: keys differ");
+        for (k, va) in ma {
+            let (x, y) = (
+                va.as_f64().unwrap_or(f64::NAN),
+                mb[k].as_f64().unwrap_or(f64::NAN),
+            );
+            assert!(
+                (x - y).abs() <= rel * x.abs().max(y.abs()).max(1.0),
+                "{what}: {k} at step {}: {x} vs {y}",
+                la["step"]
+            );
+        }
+    }
+}
+
+/// The same experiment with `kernels: Fused` and `kernels: Reference` gives the same metrics
+/// within float tolerance, on `backend`.
+fn fused_and_reference_agree_on(backend: &str) {
+    let dir = scratch(&format!("kernels-{backend}"));
+    let mut logs = Vec::new();
+    for kernels in ["Fused", "Reference"] {
+        let text = TINY
+            .replace("name: \"tiny\"", &format!("name: \"tiny_{kernels}\""))
+            .replace("steps: 6, tasks_per_step", "steps: 3, tasks_per_step")
+            .replace("warm_start: (steps: 120", "warm_start: (steps: 60")
+            .replace("\n)\n", &format!("\n    kernels: {kernels},\n)\n"));
+        let file = write(&dir, &format!("{kernels}.ron"), &text);
+        let runs = dir.join("runs").to_string_lossy().into_owned();
+        let code = rlany(&[
+            "run",
+            &file,
+            "--runs-dir",
+            &runs,
+            "--no-progress",
+            "--backend",
+            backend,
+        ]);
+        assert_eq!(code, 0, "{kernels} on {backend}");
+        logs.push(metrics(&dir.join(format!("runs/tiny_{kernels}/seed-3"))));
+    }
+    assert!(
+        logs[0].iter().any(|m| m.get("policy/updates").is_some()),
+        "no update ran"
+    );
+    assert_close(&logs[0], &logs[1], 1e-3, backend);
+    let _ = fs::remove_dir_all(dir);
+}
+
+#[test]
+fn fused_and_reference_kernels_give_the_same_metrics_on_ndarray() {
+    fused_and_reference_agree_on("ndarray");
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn fused_and_reference_kernels_give_the_same_metrics_on_wgpu() {
+    fused_and_reference_agree_on("wgpu");
+}

@@ -8,9 +8,12 @@
 //!
 //! Numerics: everything is accumulated in f32 whatever `F` is (f16/bf16 in, f32 inside).
 //! The forward passes are one pass over the logits: an online max and rescaled sum-exp
-//! (`s ← s·e^{m−m'} + Σ e^{x−m'}`, one rescale per vector, not per element), then one
-//! cross-unit combine: `M = max m`, `S = Σ s·e^{m−M}`. The "minus infinity" start value is a
-//! large finite number (WGSL has no infinite literals).
+//! (`s ← s·e^{m−m'} + Σ e^{x−m'}`, one rescale check per two loaded vectors, not per element),
+//! then one cross-unit combine: `M = max m`, `S = Σ s·e^{m−M}`. The "minus infinity" start
+//! value is a large finite number (WGSL has no infinite literals).
+//!
+//! The kernels are launched with cubecl's checked `launch` (bounds-checked accesses): the
+//! workspace forbids `unsafe`, which `launch_unchecked` requires.
 
 use cubecl::prelude::*;
 
@@ -145,15 +148,27 @@ pub fn token_logprobs_fwd<F: Float, I: Int, N: Size>(
     if valid {
         let base = row * vecs_per_row;
         let mut i = x;
-        while i < vecs_per_row {
-            let v = Vector::<f32, N>::cast_from(logits[base + i]);
-            let vm = lanes_max::<N>(v);
+        // Two independent loads per step (more bytes in flight per unit), one rescale check.
+        while i + stride < vecs_per_row {
+            let a = Vector::<f32, N>::cast_from(logits[base + i]);
+            let b = Vector::<f32, N>::cast_from(logits[base + i + stride]);
+            let vm = f32::max(lanes_max::<N>(a), lanes_max::<N>(b));
             if vm > m {
                 s *= (m - vm).exp();
                 m = vm;
             }
-            s += lanes_sum::<N>((v - Vector::new(m)).exp());
-            i += stride;
+            let mv = Vector::new(m);
+            s += lanes_sum::<N>((a - mv).exp()) + lanes_sum::<N>((b - mv).exp());
+            i += 2 * stride;
+        }
+        if i < vecs_per_row {
+            let a = Vector::<f32, N>::cast_from(logits[base + i]);
+            let vm = lanes_max::<N>(a);
+            if vm > m {
+                s *= (m - vm).exp();
+                m = vm;
+            }
+            s += lanes_sum::<N>((a - Vector::new(m)).exp());
         }
     }
 
@@ -249,7 +264,34 @@ pub fn kl_full_fwd<F: Float, N: Size>(
     if valid {
         let base = row * vecs_per_row;
         let mut i = x;
-        while i < vecs_per_row {
+        // Two vectors of each input per step (four independent loads), one rescale check each.
+        while i + stride < vecs_per_row {
+            let vp0 = Vector::<f32, N>::cast_from(p[base + i]);
+            let vq0 = Vector::<f32, N>::cast_from(q[base + i]);
+            let vp1 = Vector::<f32, N>::cast_from(p[base + i + stride]);
+            let vq1 = Vector::<f32, N>::cast_from(q[base + i + stride]);
+            let vmp = f32::max(lanes_max::<N>(vp0), lanes_max::<N>(vp1));
+            if vmp > mp {
+                let r = (mp - vmp).exp();
+                sp *= r;
+                a *= r;
+                mp = vmp;
+            }
+            let vmq = f32::max(lanes_max::<N>(vq0), lanes_max::<N>(vq1));
+            if vmq > mq {
+                sq *= (mq - vmq).exp();
+                mq = vmq;
+            }
+            let mpv = Vector::new(mp);
+            let mqv = Vector::new(mq);
+            let ep0 = (vp0 - mpv).exp();
+            let ep1 = (vp1 - mpv).exp();
+            sp += lanes_sum::<N>(ep0 + ep1);
+            a += lanes_sum::<N>(ep0 * (vp0 - vq0) + ep1 * (vp1 - vq1));
+            sq += lanes_sum::<N>((vq0 - mqv).exp() + (vq1 - mqv).exp());
+            i += 2 * stride;
+        }
+        if i < vecs_per_row {
             let vp = Vector::<f32, N>::cast_from(p[base + i]);
             let vq = Vector::<f32, N>::cast_from(q[base + i]);
             let vmp = lanes_max::<N>(vp);
@@ -268,7 +310,6 @@ pub fn kl_full_fwd<F: Float, N: Size>(
             sp += lanes_sum::<N>(ep);
             a += lanes_sum::<N>(ep * (vp - vq));
             sq += lanes_sum::<N>((vq - Vector::new(mq)).exp());
-            i += stride;
         }
     }
 
