@@ -93,9 +93,10 @@ mod tests {
         let k1 = host(kl_estimate(KlEstimator::K1, new.clone(), tgt.clone()));
         let k2 = host(kl_estimate(KlEstimator::K2, new.clone(), tgt.clone()));
         let k3 = host(kl_estimate(KlEstimator::K3, new, tgt));
-        assert!((k1[0] - 0.693_147).abs() < 1e-5);
-        assert!((k2[0] - 0.240_227).abs() < 1e-5); // ½ · 0.693147²
-        assert!((k3[0] - 0.193_147).abs() < 1e-5); // 0.5 − 1 + 0.693147
+        let ln2 = std::f32::consts::LN_2;
+        assert!((k1[0] - ln2).abs() < 1e-5);
+        assert!((k2[0] - 0.5 * ln2 * ln2).abs() < 1e-5); // 0.240227
+        assert!((k3[0] - (0.5 - 1.0 + ln2)).abs() < 1e-5); // 0.193147
         for k in [k1[1], k2[1], k3[1]] {
             assert!(k.abs() < 1e-7, "equal log-probs give zero KL");
         }

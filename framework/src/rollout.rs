@@ -65,7 +65,9 @@ pub fn rollout<B: Backend, M: CausalLm<B>>(
 ) -> Vec<Trajectory> {
     let delim = tok.step_delimiter();
     let mut finite = vec![true; episodes.len()];
-    let mut eps: Vec<(usize, Box<dyn Episode>, Vec<u32>, Vec<StepSpan>)> = episodes
+    // (task, episode, context tokens, steps taken) per episode.
+    type Live = (usize, Box<dyn Episode>, Vec<u32>, Vec<StepSpan>);
+    let mut eps: Vec<Live> = episodes
         .into_iter()
         .map(|(task, ep)| {
             let mut ctx = vec![tok.bos()];

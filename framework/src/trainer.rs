@@ -581,7 +581,7 @@ where
 
         // 7. Adaptation: slots that are too easy or too hard get a proposal for the next step.
         if adaptive {
-            for k in 0..state.slots.len() {
+            for (k, slot) in state.slots.iter_mut().enumerate() {
                 let steps = members
                     .iter()
                     .enumerate()
@@ -595,7 +595,7 @@ where
                             .map(|(s, v)| (reward::all_negative(v), s.blame.as_slice()))
                     });
                 let feedback = CriticFeedback::from_steps(dims.len(), steps);
-                state.slots[k].maybe_propose(
+                slot.maybe_propose(
                     slot_acc[k],
                     band,
                     &feedback,

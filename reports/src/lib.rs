@@ -237,7 +237,7 @@ mod tests {
             );
             fs::write(d.join("metrics.jsonl"), text).expect("write");
         }
-        let runs = collect(&[root.clone()]).expect("runs");
+        let runs = collect(std::slice::from_ref(&root)).expect("runs");
         assert_eq!(runs.len(), 3);
         let table = ablation_table(&runs);
         let row_a = table
