@@ -62,7 +62,19 @@ pub fn sequence_logprobs<B: LogProbOps, M: CausalLm<B>>(
     batch: &TokenBatch<B>,
     kernels: KernelChoice,
 ) -> Tensor<B, 2> {
-    let logits = model.forward(batch.inputs.clone());
+    target_logprobs(model.forward(batch.inputs.clone()), batch, kernels)
+}
+
+/// Log-probability of every target token from already computed logits.
+///
+/// # Shapes
+/// - `logits`: `[batch, seq, vocab]`
+/// - output: `[batch, seq]`
+pub fn target_logprobs<B: LogProbOps>(
+    logits: Tensor<B, 3>,
+    batch: &TokenBatch<B>,
+    kernels: KernelChoice,
+) -> Tensor<B, 2> {
     let [b, t, v] = logits.dims();
     // [b·t, v] → [b·t] → [b, t]
     kernels
@@ -73,13 +85,13 @@ pub fn sequence_logprobs<B: LogProbOps, M: CausalLm<B>>(
         .reshape([b, t])
 }
 
-/// Mean per-token entropy of `model`'s distribution over the positions where `weight > 0`.
-pub fn weighted_entropy<B: Backend, M: CausalLm<B>>(
-    model: &M,
-    batch: &TokenBatch<B>,
-    weight: Tensor<B, 2>,
-) -> f64 {
-    let logits = model.forward(batch.inputs.clone());
+/// Mean per-token entropy of the distribution given by `logits` over the positions where
+/// `weight > 0`.
+///
+/// # Shapes
+/// - `logits`: `[batch, seq, vocab]`
+/// - `weight`: `[batch, seq]`
+pub fn weighted_entropy<B: Backend>(logits: Tensor<B, 3>, weight: Tensor<B, 2>) -> f64 {
     let logp = burn::tensor::activation::log_softmax(logits, 2);
     // [b, t, 1] → [b, t]
     let ent = (logp.clone().exp() * logp)

@@ -6,7 +6,9 @@
 //! advantage: a policy step (its tokens) or a judge verdict (one token). Every unit weighs
 //! the same: its tokens share `1 / (tokens in the unit) / (units in the minibatch)`.
 
-use crate::batch::{TokenBatch, host_tensor, sequence_logprobs, token_batch, weighted_entropy};
+use crate::batch::{
+    TokenBatch, host_tensor, sequence_logprobs, target_logprobs, token_batch, weighted_entropy,
+};
 use crate::experiment::KlEstimator;
 use crate::lm::CausalLm;
 use crate::ppo::ppo_loss;
@@ -126,12 +128,14 @@ where
             batch: batch.batch,
             seq: batch.seq,
         };
-        let weight_inner =
-            host_tensor::<B::InnerBackend>(weight.clone(), batch.batch, batch.seq, device);
+        // One forward of the rollout model serves its log-probs and (first minibatch) entropy.
+        let old_logits = old.forward(inner.inputs.clone());
         if k == 0 {
-            stats.entropy = weighted_entropy(old, &inner, weight_inner);
+            let weight_inner =
+                host_tensor::<B::InnerBackend>(weight.clone(), batch.batch, batch.seq, device);
+            stats.entropy = weighted_entropy(old_logits.clone(), weight_inner);
         }
-        let old_lp = sequence_logprobs(old, &inner, params.kernels);
+        let old_lp = target_logprobs(old_logits, &inner, params.kernels);
         let target_lp = if std::ptr::eq(old, target) {
             old_lp.clone()
         } else {
