@@ -1,258 +1,315 @@
 //! # rlany-reports
 //!
-//! Run directories → tables. Reads only what a run wrote (`metrics.jsonl`, `meta.json`), never
-//! Burn: reports can be made on any machine from copied run directories.
+//! Run directories → a report: figures (PNG with an SVG beside each) and the ablation table, in
+//! one `report.md`. Reads only what runs wrote (`metrics.jsonl`, `meta.json`,
+//! `adaptation.jsonl`, `posterior.jsonl`, optional `suite.json`) and `rlany bench --json` files,
+//! never Burn: reports can be made on any machine from copied run directories.
 //!
-//! [`collect`] finds runs under the given paths, [`summarise`] takes each run's final and
-//! initial values, and [`ablation_table`] renders the paper's Table-1 shape: one row per
-//! experiment, mean ± 95% confidence half-width over seeds.
+//! [`write_report`] is the entry point (used by `rlany report RUN_OR_SUITE_DIR… --out DIR`).
+//! The pieces are public too: [`collect`] reads runs, [`Suite`] groups and orders them,
+//! [`Table`] is the ablation table, [`stats`] has the Student-t machinery.
+//!
+//! Modules: [`runs`] (reading, tolerant of a killed run's cut last line), [`suite`] (row order
+//! and baselines), [`stats`], [`table`], `figures` (what each figure shows), `plot` (drawing
+//! with plotters), `glyphs` (text measured and rasterised with ab_glyph and the bundled DejaVu
+//! Sans, no system font), [`bench`] (backend comparison).
 
-use serde_json::Value;
-use std::collections::BTreeMap;
+pub mod bench;
+mod error;
+mod figures;
+mod glyphs;
+mod plot;
+pub mod runs;
+pub mod stats;
+pub mod suite;
+pub mod table;
+#[cfg(test)]
+mod tests;
+
+pub use error::ReportError;
+pub use plot::FigureFile;
+pub use runs::{Run, collect};
+pub use stats::{MeanCi, mean_ci95, t_quantile};
+pub use suite::Suite;
+pub use table::Table;
+
+use error::io;
+use figures::{Planned, Section};
+use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-/// Errors while reading run directories.
-#[derive(Debug, thiserror::Error)]
-pub enum ReportError {
-    /// A file could not be read.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// A metrics line is not JSON.
-    #[error("{path}:{line}: not a metrics line: {message}")]
-    BadLine {
-        /// The file.
-        path: PathBuf,
-        /// 1-based line.
-        line: usize,
-        /// Parser message.
-        message: String,
-    },
-    /// Nothing to report.
-    #[error("no run directory (a folder with metrics.jsonl) under {0}")]
-    NoRuns(String),
+/// What to write and from what besides the run directories.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportOptions {
+    /// Output folder: `report.md` and `figures/` are written there (created if needed; files of
+    /// the same names are replaced).
+    pub out: PathBuf,
+    /// `rlany bench --json` files (or the same shape from other backends) to compare.
+    pub bench_json: Vec<PathBuf>,
+    /// Report title (default "RLAnything report").
+    pub title: Option<String>,
 }
 
-/// One run's metrics.
+impl ReportOptions {
+    /// Options writing to `out`, with no bench file.
+    pub fn new(out: impl Into<PathBuf>) -> Self {
+        Self {
+            out: out.into(),
+            bench_json: Vec::new(),
+            title: None,
+        }
+    }
+}
+
+/// What [`write_report`] wrote.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Run {
-    /// The run directory.
-    pub dir: PathBuf,
-    /// Experiment name (the run directory's parent folder).
-    pub experiment: String,
-    /// One map per metrics line, in order.
-    pub lines: Vec<BTreeMap<String, f64>>,
+pub struct ReportSummary {
+    /// `OUT/report.md`.
+    pub report: PathBuf,
+    /// Every figure written, in report order.
+    pub figures: Vec<FigureFile>,
+    /// The ablation table section in Markdown (table, paired differences, notes); empty
+    /// without runs.
+    pub table: String,
+    /// The backend comparison table, when bench files were given.
+    pub bench_table: Option<String>,
+    /// Everything odd but not fatal (cut last lines, nulls, missing files, suite.json issues).
+    pub warnings: Vec<String>,
+    /// Number of runs read.
+    pub runs: usize,
+    /// Number of experiments (table rows).
+    pub experiments: usize,
 }
 
-impl Run {
-    /// Reads `dir/metrics.jsonl`.
-    pub fn read(dir: &Path) -> Result<Self, ReportError> {
-        let path = dir.join("metrics.jsonl");
-        let text = fs::read_to_string(&path).map_err(|source| ReportError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        let mut lines = Vec::new();
-        for (i, l) in text
-            .lines()
-            .enumerate()
-            .filter(|(_, l)| !l.trim().is_empty())
-        {
-            let v: Value = serde_json::from_str(l).map_err(|e| ReportError::BadLine {
-                path: path.clone(),
-                line: i + 1,
-                message: e.to_string(),
-            })?;
-            let map = v
-                .as_object()
-                .map(|o| {
-                    o.iter()
-                        .filter_map(|(k, v)| v.as_f64().map(|x| (k.clone(), x)))
-                        .collect()
-                })
-                .unwrap_or_default();
-            lines.push(map);
-        }
-        let experiment = dir
-            .parent()
-            .and_then(Path::file_name)
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        Ok(Self {
-            dir: dir.to_path_buf(),
-            experiment,
-            lines,
-        })
-    }
+/// Reads every run under `paths` (and the bench files of `opts`), and writes `report.md` with
+/// its figures to `opts.out`. With no path but bench files, writes the backend comparison alone.
+pub fn write_report(paths: &[PathBuf], opts: &ReportOptions) -> Result<ReportSummary, ReportError> {
+    let fig_dir = opts.out.join("figures");
+    fs::create_dir_all(&fig_dir).map_err(io(&fig_dir))?;
+    let suite = if paths.is_empty() && !opts.bench_json.is_empty() {
+        Suite::from_runs(Vec::new(), &[])
+    } else {
+        Suite::build(collect(paths)?)?
+    };
+    let mut warnings = suite.warnings.clone();
+    let table = if suite.rows.is_empty() {
+        None
+    } else {
+        Some(Table::build(&suite))
+    };
+    let table_md = table.as_ref().map(Table::markdown).unwrap_or_default();
 
-    /// The first logged value of `key`.
-    pub fn first(&self, key: &str) -> Option<f64> {
-        self.lines.iter().find_map(|l| l.get(key).copied())
-    }
-
-    /// The last logged value of `key`.
-    pub fn last(&self, key: &str) -> Option<f64> {
-        self.lines.iter().rev().find_map(|l| l.get(key).copied())
-    }
-
-    /// `(step, value)` for every line that has `key`.
-    pub fn series(&self, key: &str) -> Vec<(f64, f64)> {
-        self.lines
-            .iter()
-            .filter_map(|l| Some((*l.get("step")?, *l.get(key)?)))
-            .collect()
-    }
-}
-
-/// Every run directory (a folder holding `metrics.jsonl`) at or below each path.
-pub fn collect(paths: &[PathBuf]) -> Result<Vec<Run>, ReportError> {
-    fn walk(p: &Path, out: &mut Vec<PathBuf>) {
-        if p.join("metrics.jsonl").is_file() {
-            out.push(p.to_path_buf());
-            return;
-        }
-        if let Ok(entries) = fs::read_dir(p) {
-            let mut dirs: Vec<PathBuf> = entries
-                .filter_map(Result::ok)
-                .map(|e| e.path())
-                .filter(|p| p.is_dir())
-                .collect();
-            dirs.sort();
-            for d in dirs {
-                walk(&d, out);
-            }
+    let mut stems = BTreeSet::new();
+    let mut written: Vec<(Planned, FigureFile)> = Vec::new();
+    if !suite.rows.is_empty() {
+        for p in figures::plan(&suite) {
+            let stem = unique_stem(&mut stems, &p.stem);
+            let f = plot::save(&p.figure, &fig_dir, &stem)?;
+            written.push((p, f));
         }
     }
-    let mut dirs = Vec::new();
-    for p in paths {
-        walk(p, &mut dirs);
-    }
-    if dirs.is_empty() {
-        let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-        return Err(ReportError::NoRuns(names.join(", ")));
-    }
-    dirs.iter().map(|d| Run::read(d)).collect()
-}
-
-/// Mean and 95% confidence half-width (Student t) of `xs`; half-width 0 for one value.
-pub fn mean_ci95(xs: &[f64]) -> (f64, f64) {
-    let n = xs.len();
-    if n == 0 {
-        return (f64::NAN, f64::NAN);
-    }
-    let mean = xs.iter().sum::<f64>() / n as f64;
-    if n == 1 {
-        return (mean, 0.0);
-    }
-    let var = xs.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1) as f64;
-    // Two-sided 97.5% quantiles of Student's t for 1..=30 degrees of freedom, then ≈ normal.
-    const T: [f64; 30] = [
-        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
-        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
-        2.052, 2.048, 2.045, 2.042,
-    ];
-    let t = T.get(n - 2).copied().unwrap_or(1.96);
-    (mean, t * (var / n as f64).sqrt())
-}
-
-/// A column of the ablation table: header, metric key, and whether to take the first value
-/// (after the warm start) rather than the last.
-pub const COLUMNS: [(&str, &str, bool); 8] = [
-    ("acc ID (start)", "eval/acc_id", true),
-    ("acc ID (end)", "eval/acc_id", false),
-    ("acc OOD (end)", "eval/acc_ood", false),
-    ("judge process acc (start)", "judge/process_acc", true),
-    ("judge process acc (end)", "judge/process_acc", false),
-    ("judge outcome acc (end)", "judge/outcome_acc", false),
-    ("proposals accepted", "env/accepted", false),
-    ("proposals rejected", "env/rejected", false),
-];
-
-/// The ablation table in Markdown: one row per experiment (in name order), mean ± 95% CI over
-/// its seeds; `–` where an experiment has no such metric.
-pub fn ablation_table(runs: &[Run]) -> String {
-    let mut by_exp: BTreeMap<&str, Vec<&Run>> = BTreeMap::new();
-    for r in runs {
-        by_exp.entry(r.experiment.as_str()).or_default().push(r);
-    }
-    let mut out = String::from("| experiment | seeds |");
-    for (h, _, _) in COLUMNS {
-        out += &format!(" {h} |");
-    }
-    out += "\n|---|---|";
-    out += &"---|".repeat(COLUMNS.len());
-    out += "\n";
-    for (name, rs) in by_exp {
-        out += &format!("| {name} | {} |", rs.len());
-        for (_, key, first) in COLUMNS {
-            let xs: Vec<f64> = rs
+    let bench = if opts.bench_json.is_empty() {
+        None
+    } else {
+        let files = bench::read_benches(&opts.bench_json)?;
+        let cmp = bench::BenchComparison::build(&files);
+        warnings.extend(
+            cmp.failures
                 .iter()
-                .filter_map(|r| if first { r.first(key) } else { r.last(key) })
-                .collect();
-            if xs.is_empty() {
-                out += " – |";
-            } else {
-                let (m, h) = mean_ci95(&xs);
-                let is_count = key.starts_with("env/");
-                out += &if is_count {
-                    format!(" {m:.1} ± {h:.1} |")
-                } else {
-                    format!(" {m:.3} ± {h:.3} |")
-                };
-            }
-        }
-        out += "\n";
-    }
-    out
+                .map(|f| format!("bench: failed row {f}")),
+        );
+        let stem = unique_stem(&mut stems, "bench");
+        let fig = plot::save(&bench::BenchChart { cmp: &cmp }, &fig_dir, &stem)?;
+        Some((files, cmp, fig))
+    };
+
+    let md = report_markdown(&ReportParts {
+        opts,
+        paths,
+        suite: &suite,
+        table: &table_md,
+        figures: &written,
+        bench: bench
+            .as_ref()
+            .map(|(files, cmp, fig)| (files.as_slice(), cmp, fig)),
+        warnings: &warnings,
+    });
+    let report = opts.out.join("report.md");
+    fs::write(&report, md).map_err(io(&report))?;
+
+    let mut figures: Vec<FigureFile> = written.into_iter().map(|(_, f)| f).collect();
+    let bench_table = bench.map(|(_, cmp, fig)| {
+        figures.push(fig);
+        cmp.markdown()
+    });
+    Ok(ReportSummary {
+        report,
+        figures,
+        table: table_md,
+        bench_table,
+        warnings,
+        runs: suite.runs().count(),
+        experiments: suite.rows.len(),
+    })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ci95_hand_computed() {
-        // mean 2, sample sd 1, n 3: half-width 4.303 · 1/√3 = 2.484
-        let (m, h) = mean_ci95(&[1.0, 2.0, 3.0]);
-        assert_eq!(m, 2.0);
-        assert!((h - 2.484_29).abs() < 1e-4, "{h}");
-        assert_eq!(mean_ci95(&[5.0]), (5.0, 0.0));
-    }
-
-    #[test]
-    fn table_from_run_directories() {
-        let root = std::env::temp_dir().join(format!("rlany-reports-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&root);
-        for (exp, seed, start, end) in [("a", 1, 0.5, 0.7), ("a", 2, 0.5, 0.9), ("b", 1, 0.4, 0.4)]
-        {
-            let d = root.join(exp).join(format!("seed-{seed}"));
-            fs::create_dir_all(&d).expect("dir");
-            let text = format!(
-                "{{\"step\":0,\"eval/acc_id\":{start}}}\n{{\"step\":5,\"eval/acc_id\":{end},\"env/accepted\":3}}\n"
-            );
-            fs::write(d.join("metrics.jsonl"), text).expect("write");
+/// The ablation table of `runs` in Markdown (table, paired differences, notes), honouring a
+/// `suite.json` beside the runs. A `suite.json` that cannot be read is named under the table
+/// and the default order is used. [`write_report`] writes the same text into `report.md`.
+pub fn ablation_table(runs: &[Run]) -> String {
+    match Suite::build(runs.to_vec()) {
+        Ok(s) => Table::build(&s).markdown(),
+        Err(e) => {
+            let s = Suite::from_runs(runs.to_vec(), &[]);
+            format!("{}- suite.json ignored: {e}\n", Table::build(&s).markdown())
         }
-        let runs = collect(std::slice::from_ref(&root)).expect("runs");
-        assert_eq!(runs.len(), 3);
-        let table = ablation_table(&runs);
-        let row_a = table
-            .lines()
-            .find(|l| l.starts_with("| a "))
-            .expect("row a");
-        assert!(
-            row_a.contains("| 2 |")
-                && row_a.contains("0.500 ± 0.000")
-                && row_a.contains("0.800 ± 1.271"),
-            "{row_a}"
-        );
-        assert!(row_a.contains("3.0 ± 0.0"), "{row_a}");
-        assert!(table.contains("| b | 1 |"));
-        assert!(collect(&[root.join("nothing")]).is_err());
-        let _ = fs::remove_dir_all(root);
     }
+}
+
+fn unique_stem(used: &mut BTreeSet<String>, stem: &str) -> String {
+    let mut s = stem.to_string();
+    let mut i = 2;
+    while used.contains(&s) {
+        s = format!("{stem}-{i}");
+        i += 1;
+    }
+    used.insert(s.clone());
+    s
+}
+
+/// Everything the Markdown is made of.
+struct ReportParts<'a> {
+    opts: &'a ReportOptions,
+    paths: &'a [PathBuf],
+    suite: &'a Suite,
+    table: &'a str,
+    figures: &'a [(Planned, FigureFile)],
+    bench: Option<(
+        &'a [bench::BenchFile],
+        &'a bench::BenchComparison,
+        &'a FigureFile,
+    )>,
+    warnings: &'a [String],
+}
+
+fn report_markdown(p: &ReportParts<'_>) -> String {
+    let mut md = format!(
+        "# {}\n\n",
+        p.opts.title.as_deref().unwrap_or("RLAnything report")
+    );
+    if !p.suite.rows.is_empty() {
+        md += &overview(p.suite, p.paths);
+    }
+    if !p.warnings.is_empty() {
+        md += "## Warnings\n\n";
+        for w in p.warnings {
+            md += &format!("- {w}\n");
+        }
+        md += "\n";
+    }
+    if !p.suite.rows.is_empty() {
+        md += &figure_sections(p);
+        md += "## 6. Ablation table\n\n";
+        md += p.table;
+        md += "\n";
+    }
+    if let Some((files, cmp, fig)) = p.bench {
+        md += "## 7. Backend comparison\n\n";
+        md += &image(fig, &p.opts.out);
+        let names: Vec<String> = files
+            .iter()
+            .map(|f| format!("`{}` = {}", f.label, f.path.display()))
+            .collect();
+        md += &format!(
+            "*Median time per call of each kernel workload, one bar per file and variant (log scale; a missing bar: absent or failed). Files: {}.*\n\n",
+            names.join(", ")
+        );
+        md += &cmp.markdown();
+        md += "\nBold: fastest of the row.\n";
+    }
+    md
+}
+
+fn overview(suite: &Suite, paths: &[PathBuf]) -> String {
+    let sources: Vec<String> = paths.iter().map(|p| format!("`{}`", p.display())).collect();
+    let mut md = format!(
+        "{} runs of {} experiments from {}. Rows and colours in this order (suite.json if present, else the experiment files' names, else the experiment names); each row's paired difference is to its baseline.\n\n| experiment | seeds | last step per seed | baseline | backend |\n|---|---|---|---|---|\n",
+        suite.runs().count(),
+        suite.rows.len(),
+        sources.join(", ")
+    );
+    for row in &suite.rows {
+        let seeds: Vec<String> = row
+            .runs
+            .iter()
+            .map(|r| r.seed.map_or("?".into(), |s| s.to_string()))
+            .collect();
+        let ends: Vec<String> = row
+            .runs
+            .iter()
+            .map(|r| r.last_step().map_or("–".into(), |s| s.to_string()))
+            .collect();
+        let backends: BTreeSet<&str> = row
+            .runs
+            .iter()
+            .filter_map(|r| r.meta.backend.as_deref())
+            .collect();
+        md += &format!(
+            "| {} | {} | {} | {} | {} |\n",
+            row.experiment,
+            seeds.join(", "),
+            ends.join(", "),
+            row.baseline.as_deref().unwrap_or("–"),
+            if backends.is_empty() {
+                "–".to_string()
+            } else {
+                backends.into_iter().collect::<Vec<_>>().join(", ")
+            }
+        );
+    }
+    md + "\n"
+}
+
+fn figure_sections(p: &ReportParts<'_>) -> String {
+    let heads = [
+        (Section::Eval, "## 1. Evaluation accuracy"),
+        (Section::Judge, "## 2. The judge"),
+        (Section::Diagnostics, "## 3. Training diagnostics"),
+        (Section::Difficulty, "## 4. Difficulty"),
+        (Section::Posterior, "## 5. GP posterior"),
+    ];
+    let mut md = String::new();
+    for (section, head) in heads {
+        md += head;
+        md += "\n\n";
+        let mut any = false;
+        for (planned, file) in p.figures.iter().filter(|(pl, _)| pl.section == section) {
+            md += &image(file, &p.opts.out);
+            md += &format!("*{}*\n\n", planned.caption);
+            any = true;
+        }
+        if !any && section == Section::Posterior {
+            md += "No run has `posterior.jsonl` (only runs with the Gp proposer write one).\n\n";
+        }
+    }
+    md
+}
+
+/// The Markdown of an embedded PNG with a link to its SVG, paths relative to `out`.
+fn image(f: &FigureFile, out: &Path) -> String {
+    let rel = |p: &Path| {
+        p.strip_prefix(out)
+            .unwrap_or(p)
+            .to_string_lossy()
+            .replace('\\', "/")
+    };
+    format!(
+        "![{}]({})\n\n[SVG]({}) · {}×{} px\n\n",
+        f.title,
+        rel(&f.png),
+        rel(&f.svg),
+        f.width,
+        f.height
+    )
 }

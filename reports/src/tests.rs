@@ -1,0 +1,387 @@
+//! End-to-end tests on the committed fixture `tests/fixtures/runs/` (written by
+//! `tests/fixtures/make_runs.py`) and on malformed run directories made in a temp folder.
+
+use crate::runs::tests::temp_dir;
+use crate::table::ColumnKind;
+use crate::*;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/runs")
+}
+
+/// Decodes a PNG, returning its size.
+fn png_size(path: &Path) -> (u32, u32) {
+    let file = fs::File::open(path).expect("open png");
+    let decoder = png::Decoder::new(std::io::BufReader::new(file));
+    let mut reader = decoder.read_info().expect("png header");
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).expect("png pixels");
+    // Not blank: some pixels differ from the white background.
+    assert!(
+        buf[..info.buffer_size()].iter().any(|&b| b < 200),
+        "{} is blank",
+        path.display()
+    );
+    (info.width, info.height)
+}
+
+/// Where a test writes its report: `RLANY_REPORT_OUT` if set (to look at it), else a temp dir.
+fn out_dir(name: &str) -> PathBuf {
+    match std::env::var_os("RLANY_REPORT_OUT") {
+        Some(d) => PathBuf::from(d).join(name),
+        None => temp_dir(name),
+    }
+}
+
+fn bench_file(dir: &Path, name: &str, backend: Option<&str>, scale: f64) -> PathBuf {
+    let mut rows = Vec::new();
+    for (w, base) in [("K1_fwd", 0.4), ("K1_fwdbwd", 1.3), ("K2_fwd", 0.9)] {
+        for v in [32_000, 128_000] {
+            for (variant, f) in [("fused", 1.0), ("reference", 2.5)] {
+                let ms = base * f * scale * f64::from(v) / 32_000.0;
+                rows.push(serde_json::json!({
+                    "name": format!("{w}_V{v}_f32"), "workload": w, "vocab": v, "dtype": "f32",
+                    "variant": variant, "n": 4096, "bytes": 1e8, "median_ms": ms,
+                    "gbps": 1.0, "frac_copy": 0.5, "error": null,
+                }));
+            }
+        }
+    }
+    let mut v =
+        serde_json::json!({ "n_requested": 4096, "reps": 10, "warmup": 3, "results": rows });
+    if let Some(b) = backend {
+        v["backend"] = b.into();
+    }
+    let path = dir.join(name);
+    fs::write(&path, serde_json::to_string_pretty(&v).expect("json")).expect("write bench");
+    path
+}
+
+#[test]
+fn fixture_report_writes_every_figure() {
+    let out = out_dir("fixture-report");
+    let benches = temp_dir("fixture-bench");
+    let mut opts = ReportOptions::new(&out);
+    opts.bench_json = vec![
+        bench_file(&benches, "cuda.json", Some("cuda"), 1.0),
+        bench_file(&benches, "torch.json", None, 1.4),
+    ];
+    let s = write_report(&[fixture()], &opts).expect("report");
+    assert_eq!((s.runs, s.experiments), (7, 3));
+    let stems: Vec<String> = s
+        .figures
+        .iter()
+        .map(|f| {
+            f.png
+                .file_stem()
+                .expect("stem")
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    assert_eq!(
+        stems,
+        [
+            "eval_acc_step",
+            "eval_acc_rollouts",
+            "judge",
+            "diagnostics",
+            "difficulty_a_outcome_only",
+            "difficulty_b_policy_judge",
+            "difficulty_c_env_gp",
+            "posterior_c_env_gp_seed-1",
+            "bench",
+        ]
+    );
+    // Widths are fixed by the layout: panels × columns.
+    let widths = [960, 960, 990, 990, 990, 990, 990, 990, 960];
+    let report = fs::read_to_string(&s.report).expect("report.md");
+    for (f, w) in s.figures.iter().zip(widths) {
+        let (pw, ph) = png_size(&f.png);
+        assert_eq!((pw, ph), (f.width, f.height), "{}", f.png.display());
+        assert_eq!(pw, w, "{}", f.png.display());
+        assert!((400..2000).contains(&ph), "{} height {ph}", f.png.display());
+        let svg = fs::read_to_string(&f.svg).expect("svg");
+        assert!(
+            svg.contains("<svg") && svg.contains("</svg>"),
+            "{}",
+            f.svg.display()
+        );
+        let name = f.png.file_name().expect("name").to_string_lossy();
+        assert!(
+            report.contains(&format!("(figures/{name})")),
+            "{name} not embedded"
+        );
+    }
+    // The posterior figure: 3 snapshots × 3 dimensions, 300 px panels.
+    let post = &s.figures[7];
+    assert!(post.height >= 44 + 3 * 300);
+    for section in [
+        "## 1. Evaluation accuracy",
+        "## 2. The judge",
+        "## 3. Training diagnostics",
+        "## 4. Difficulty",
+        "## 5. GP posterior",
+        "## 6. Ablation table",
+        "## 7. Backend comparison",
+    ] {
+        assert!(report.contains(section), "{section}");
+    }
+    assert!(report.contains(&s.table));
+    let bench = s.bench_table.as_deref().expect("bench table");
+    assert!(
+        bench.contains("| K1_fwd_V32000_f32 | **0.4000** | 1.000 | 0.5600 | 1.400 |"),
+        "{bench}"
+    );
+    // The killed run's cut line is reported with file and line.
+    assert!(
+        s.warnings
+            .iter()
+            .any(|w| w.contains("b_policy_judge/seed-3/metrics.jsonl:10: last line is cut short")),
+        "{:?}",
+        s.warnings
+    );
+    assert!(report.contains("last line is cut short"));
+    // Runs of different lengths are said so in the caption.
+    assert!(
+        report.contains("`b_policy_judge`: runs end at steps 10, 10, 8"),
+        "{report}"
+    );
+    // Older runs without compute/rollouts are named on the rollouts figure.
+    assert!(report.contains("no compute/rollouts: a_outcome_only"));
+    if std::env::var_os("RLANY_REPORT_OUT").is_none() {
+        let _ = fs::remove_dir_all(out);
+    }
+    let _ = fs::remove_dir_all(benches);
+}
+
+/// The fixture's final values (see `tests/fixtures/make_runs.py`), computed independently.
+fn hand_ci(xs: &[f64], t: f64) -> (f64, f64) {
+    let n = xs.len() as f64;
+    let m = xs.iter().sum::<f64>() / n;
+    let s = (xs.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+    (m, t * s / n.sqrt())
+}
+
+const T2: f64 = 4.302_652_7; // t(0.975, 2)
+const T1: f64 = 12.706_204_7; // t(0.975, 1)
+
+fn assert_cell(c: Option<MeanCi>, expect: (f64, Option<f64>), n: usize, what: &str) {
+    let c = c.unwrap_or_else(|| panic!("{what}: empty"));
+    assert!((c.mean - expect.0).abs() < 1e-9, "{what}: mean {}", c.mean);
+    assert_eq!(c.n, n, "{what}: n");
+    match (c.half_width, expect.1) {
+        (Some(h), Some(e)) => assert!((h - e).abs() < 1e-6, "{what}: half {h} vs {e}"),
+        (None, None) => {}
+        (h, e) => panic!("{what}: half {h:?} vs {e:?}"),
+    }
+}
+
+#[test]
+fn table_numbers_match_hand_computation() {
+    let suite = Suite::build(collect(&[fixture()]).expect("runs")).expect("suite");
+    let t = Table::build(&suite);
+    let headers: Vec<&str> = t.columns.iter().map(|c| c.header).collect();
+    assert_eq!(
+        headers,
+        [
+            "acc ID",
+            "acc OOD",
+            "judge p⁺ (correct steps)",
+            "judge p⁻ (wrong steps)",
+            "judge balanced acc",
+            "judge outcome acc",
+            "proposals accepted",
+            "proposals rejected"
+        ]
+    );
+    assert_eq!(t.columns[6].kind, ColumnKind::Count);
+    let names: Vec<&str> = t.rows.iter().map(|r| r.experiment.as_str()).collect();
+    assert_eq!(names, ["a_outcome_only", "b_policy_judge", "c_env_gp"]);
+    let (a, b, c) = (&t.rows[0], &t.rows[1], &t.rows[2]);
+
+    let ci = |xs: &[f64]| {
+        let (m, h) = hand_ci(xs, T2);
+        (m, Some(h))
+    };
+    assert_cell(a.cells[0], ci(&[0.5, 0.625, 0.75]), 3, "a acc ID");
+    assert_cell(a.cells[1], ci(&[0.25, 0.375, 0.375]), 3, "a acc OOD");
+    assert!(a.cells[2..6].iter().all(Option::is_none), "a has no judge");
+    assert_cell(a.cells[6], (0.0, Some(0.0)), 3, "a accepted");
+    // b: seed 3 was killed at step 8, so its final eval is the one of step 5.
+    assert_cell(b.cells[0], ci(&[0.75, 0.875, 0.625]), 3, "b acc ID");
+    assert_cell(b.cells[2], ci(&[0.9, 0.8, 0.85]), 3, "b p+");
+    assert_cell(b.cells[3], ci(&[0.6, 0.7, 0.65]), 3, "b p-");
+    assert!(b.cells[4].is_none(), "b has no balanced accuracy");
+    // b seed 2's final outcome accuracy is null: left out, n = 2.
+    let (m, h) = hand_ci(&[0.7, 0.6], T1);
+    assert_cell(b.cells[5], (m, Some(h)), 2, "b outcome");
+    assert_cell(b.cells[6], ci(&[3.0, 5.0, 2.0]), 3, "b accepted");
+    assert_cell(b.cells[7], ci(&[1.0, 0.0, 2.0]), 3, "b rejected");
+    // c: one seed, no CI; its judge uses the newer eval_* keys.
+    assert_cell(c.cells[0], (0.8125, None), 1, "c acc ID");
+    assert_cell(c.cells[2], (0.9, None), 1, "c p+");
+    assert_cell(c.cells[4], (0.825, None), 1, "c balanced");
+    assert_cell(c.cells[6], (3.0, None), 1, "c accepted");
+    assert_cell(c.cells[7], (2.0, None), 1, "c rejected");
+
+    // Paired differences: b − a (row above) over seeds 1-3; c − a (suite.json) over seed 1.
+    assert_eq!(b.baseline.as_deref(), Some("a_outcome_only"));
+    assert_eq!(b.shared_seeds, [1, 2, 3]);
+    assert_cell(b.diffs[0], ci(&[0.25, 0.25, -0.125]), 3, "b-a acc ID");
+    assert_eq!(c.baseline.as_deref(), Some("a_outcome_only"));
+    assert_eq!(c.shared_seeds, [1]);
+    assert_cell(c.diffs[0], (0.3125, None), 1, "c-a acc ID");
+    assert!(c.diffs[2].is_none(), "a has no judge to compare with");
+    assert_eq!(a.baseline, None);
+
+    // The Markdown: formatting, n=1, bold best, notes.
+    let md = t.markdown();
+    let row = |name: &str| {
+        md.lines()
+            .find(|l| l.starts_with(&format!("| {name} | ")))
+            .unwrap_or_else(|| panic!("row {name} in\n{md}"))
+            .to_string()
+    };
+    assert_eq!(
+        row("a_outcome_only"),
+        "| a_outcome_only | 3 | 0.625 ± 0.311 | 0.333 ± 0.179 | – | – | – | – | 0.0 ± 0.0 | 0.0 ± 0.0 |"
+    );
+    assert_eq!(
+        row("b_policy_judge"),
+        "| b_policy_judge | 3 | 0.750 ± 0.311 | 0.417 ± 0.359 | 0.850 ± 0.124 | 0.650 ± 0.124 | – | 0.650 ± 0.635 (n=2) | 3.3 ± 3.8 | 1.0 ± 2.5 |"
+    );
+    assert_eq!(
+        row("c_env_gp"),
+        "| c_env_gp | 1 | **0.812 (n=1)** | **0.562 (n=1)** | **0.900 (n=1)** | **0.750 (n=1)** | 0.825 (n=1) | **0.750 (n=1)** | 3.0 (n=1) | 2.0 (n=1) |"
+    );
+    assert!(
+        md.contains("| b_policy_judge | a_outcome_only | 1, 2, 3 | +0.125 ± 0.538 |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| c_env_gp | a_outcome_only | 1 | +0.312 (n=1) |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("b_policy_judge/seed-2: `judge/outcome_acc` is null"),
+        "{md}"
+    );
+    assert!(md.contains("comes from different keys across runs"), "{md}");
+    assert!(md.contains(
+        "runs of different lengths (seed 1 → step 10, seed 2 → step 10, seed 3 → step 8)"
+    ));
+    // The legacy entry point renders the same.
+    assert_eq!(ablation_table(&collect(&[fixture()]).expect("runs")), md);
+}
+
+fn write_metrics(root: &Path, exp: &str, seed: u64, text: &str) -> PathBuf {
+    let d = root.join(exp).join(format!("seed-{seed}"));
+    fs::create_dir_all(&d).expect("dir");
+    fs::write(d.join("metrics.jsonl"), text).expect("write");
+    d
+}
+
+#[test]
+fn malformed_middle_line_fails_naming_file_and_line() {
+    let root = temp_dir("malformed-report");
+    write_metrics(
+        &root,
+        "x",
+        1,
+        "{\"step\":0}\n{\"step\":1,\"policy/kl\":0.1}\n",
+    );
+    write_metrics(
+        &root,
+        "y",
+        1,
+        "{\"step\":0}\n{\"step\":1 \"bad\"}\n{\"step\":2}\n",
+    );
+    let e = write_report(
+        std::slice::from_ref(&root),
+        &ReportOptions::new(root.join("out")),
+    )
+    .expect_err("must fail");
+    let msg = e.to_string();
+    assert!(msg.contains("y/seed-1/metrics.jsonl:2:"), "{msg}");
+    let _ = fs::remove_dir_all(root);
+}
+
+#[test]
+fn runs_without_eval_lines_single_seeds_and_missing_files_still_report() {
+    let root = temp_dir("no-eval");
+    // Two experiments, one seed each, no eval keys, no meta/adaptation/posterior, nulls, and a
+    // cut last line.
+    let lines = |k: f64| {
+        (0..6)
+            .map(|s| {
+                format!(
+                    "{{\"step\":{s},\"policy/kl\":{},\"reward/step_mean\":{}}}\n",
+                    if s == 3 {
+                        "null".to_string()
+                    } else {
+                        format!("{}", 0.01 * s as f64)
+                    },
+                    k * s as f64
+                )
+            })
+            .collect::<String>()
+    };
+    write_metrics(&root, "p", 1, &lines(0.1));
+    write_metrics(&root, "q", 2, &(lines(0.2) + "{\"step\":6,\"pol"));
+    let out = out_dir("no-eval-out");
+    let s = write_report(std::slice::from_ref(&root), &ReportOptions::new(&out)).expect("report");
+    assert_eq!(s.experiments, 2);
+    for f in &s.figures {
+        assert_eq!(png_size(&f.png), (f.width, f.height));
+    }
+    let report = fs::read_to_string(&s.report).expect("report.md");
+    assert!(report.contains("no eval lines: p, q"), "{report}");
+    assert!(report.contains("No run has `posterior.jsonl`"));
+    assert!(
+        s.warnings
+            .iter()
+            .any(|w| w.contains("q/seed-2/metrics.jsonl:7: last line is cut short"))
+    );
+    assert!(s.warnings.iter().any(|w| w.contains("meta.json: missing")));
+    // No column is logged by any run: the table has the two rows and no value column.
+    assert!(s.table.contains("| p | 1 |\n| q | 1 |"), "{}", s.table);
+    // Panels say why they are empty.
+    let suite = Suite::build(collect(std::slice::from_ref(&root)).expect("runs")).expect("suite");
+    let plans = crate::figures::plan(&suite);
+    let eval = &plans[0].figure.panels[0];
+    assert_eq!(eval.message.as_deref(), Some("no eval lines in any run"));
+    let judge = &plans[2].figure.panels[0];
+    assert!(
+        judge
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("no experiment logs"))
+    );
+    let diff = plans
+        .iter()
+        .find(|p| p.stem == "difficulty")
+        .expect("difficulty placeholder");
+    assert!(diff.figure.panels[0].message.is_some());
+    if std::env::var_os("RLANY_REPORT_OUT").is_none() {
+        let _ = fs::remove_dir_all(out);
+    }
+    let _ = fs::remove_dir_all(root);
+}
+
+#[test]
+fn bench_only_report_and_no_runs() {
+    let d = temp_dir("bench-only");
+    let b = bench_file(&d, "wgpu.json", Some("wgpu"), 1.0);
+    let mut opts = ReportOptions::new(d.join("out"));
+    opts.bench_json = vec![b];
+    let s = write_report(&[], &opts).expect("bench report");
+    assert_eq!(s.figures.len(), 1);
+    assert_eq!(s.experiments, 0);
+    assert_eq!(png_size(&s.figures[0].png).0, 960);
+    let e = write_report(&[d.join("nothing")], &ReportOptions::new(d.join("out2")));
+    assert!(matches!(e, Err(ReportError::NoRuns(_))));
+    let _ = fs::remove_dir_all(d);
+}
