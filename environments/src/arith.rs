@@ -74,7 +74,10 @@
 //! and RL can discover the correct carry because sampling still produces it with probability
 //! about `1 − noise`.
 
-use rlany_framework::{Dim, Environment, Episode, Rng, Split, StepResult};
+use rlany_framework::check::{self, Checked, FieldError};
+use rlany_framework::plugin::EnvironmentPlugin;
+use rlany_framework::{Difficulty, Dim, Environment, Episode, Rng, Split, StepResult};
+use serde::{Deserialize, Serialize};
 
 /// Numbers in action lines have at most this many digits (so `i64` never overflows).
 const MAX_NUMBER_DIGITS: usize = 18;
@@ -115,6 +118,60 @@ impl ArithConfig {
             ));
         }
         Ok(())
+    }
+}
+
+/// The `arith` settings of an experiment file: `environment: Arith(max_operands: 5, ...)`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ArithSpec {
+    /// Longest chain (operands) at difficulty 1; OOD tasks are longer. In `2..=64`.
+    pub max_operands: usize,
+    /// Most digits per operand at difficulty 1 (`1..=3`).
+    pub max_digits: u32,
+    /// Starting difficulty of every task slot, one value in `[0, 1]` per dimension
+    /// (`operands`, `digits`, `minus`). Evaluation uses it too.
+    pub difficulty: Vec<f64>,
+}
+
+impl Default for ArithSpec {
+    fn default() -> Self {
+        Self {
+            max_operands: 4,
+            max_digits: 1,
+            difficulty: vec![0.5, 0.0, 0.5],
+        }
+    }
+}
+
+impl EnvironmentPlugin for ArithSpec {
+    fn validate(&self) -> Checked {
+        check::count("max_operands", self.max_operands, 2, 64)?;
+        check::count("max_digits", self.max_digits as usize, 1, 3)?;
+        if self.difficulty.len() != 3 {
+            return Err(FieldError::new(
+                "difficulty",
+                format!(
+                    "must have 3 values (operands, digits, minus) (got {})",
+                    self.difficulty.len()
+                ),
+            ));
+        }
+        for &d in &self.difficulty {
+            check::real("difficulty", d, 0.0, 1.0)?;
+        }
+        Ok(())
+    }
+
+    fn start_difficulty(&self) -> Difficulty {
+        self.difficulty.clone()
+    }
+
+    fn build(&self) -> Box<dyn Environment> {
+        Box::new(Arith::new(ArithConfig {
+            max_operands: self.max_operands,
+            max_digits: self.max_digits,
+        }))
     }
 }
 
@@ -192,10 +249,6 @@ impl Arith {
 }
 
 impl Environment for Arith {
-    fn name(&self) -> &str {
-        "arith"
-    }
-
     fn difficulty_space(&self) -> Vec<Dim> {
         let dim = |name: &str, lo: f64, hi: f64| Dim {
             name: name.to_string(),
@@ -234,8 +287,11 @@ impl Environment for Arith {
         steps.push(format!("A:{cur}"));
         (chain_text(&operands, &ops), steps)
     }
+}
 
-    fn max_action_chars(&self) -> usize {
+impl Arith {
+    /// The longest action line an episode accepts (longer lines are wasted steps).
+    pub fn max_action_chars(&self) -> usize {
         max_action_chars_for(self.cfg.max_operands + 2, self.cfg.max_digits)
     }
 }
@@ -548,15 +604,27 @@ impl Episode for ArithEpisode {
         self.answer == Some(self.value)
     }
 
-    fn steps_taken(&self) -> usize {
-        self.steps.len()
-    }
-
     fn oracle_label(&self, i: usize) -> bool {
         self.steps.get(i).is_some_and(|s| s.correct)
     }
 
-    fn expert_action(&self) -> Option<String> {
+    fn attribute_failure(&self, i: usize) -> Vec<usize> {
+        self.steps
+            .get(i)
+            .map(|s| s.blame.clone())
+            .unwrap_or_default()
+    }
+}
+
+impl ArithEpisode {
+    /// Number of steps taken so far.
+    pub fn steps_taken(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// The expert's next line from the current state (the running value the episode holds,
+    /// even after a slip); `None` once the episode is over.
+    pub fn expert_action(&self) -> Option<String> {
         if self.done {
             return None;
         }
@@ -568,13 +636,6 @@ impl Episode for ArithEpisode {
             Some((op, b, c)) => Some(format_line(self.cur, op, b, c)),
             None => Some(format!("A:{}", self.value)),
         }
-    }
-
-    fn attribute_failure(&self, i: usize) -> Vec<usize> {
-        self.steps
-            .get(i)
-            .map(|s| s.blame.clone())
-            .unwrap_or_default()
     }
 }
 

@@ -1,16 +1,24 @@
 //! # rlany-envs
 //!
-//! Procedural text environments for RLAnything. Each environment implements
-//! [`rlany_framework::Environment`] (a task family with a difficulty vector in `[0, 1]^k`)
-//! and hands out [`rlany_framework::Episode`]s (text in, text out, one line per step) with a
-//! verifier, oracle step labels, an expert and an out-of-distribution split.
+//! The plugins of RLAnything: procedural text environments and difficulty proposers. Each
+//! plugin brings its own typed settings struct (what its section of an experiment file
+//! holds), which validates itself and builds the component; the composition root (`rlany`)
+//! lists the plugins.
 //!
-//! Environments never touch tensors and have no Burn dependency. Any action text, garbage
+//! Environments implement [`rlany_framework::Environment`] (a task family with a difficulty
+//! vector in `[0, 1]^k`) and hand out [`rlany_framework::Episode`]s (text in, text out, one
+//! line per step) with a verifier, oracle step labels, an expert and an out-of-distribution
+//! split. They never touch tensors and have no Burn dependency. Any action text, garbage
 //! included, is accepted without panicking: a malformed action is a wasted step.
 //!
 //! - [`arith`]: multi-step arithmetic chains (`7+5=12`, `12-3=9`, `A:9`).
+//!
+//! Proposers implement [`rlany_framework::adapt::Proposer`]:
+//!
+//! - [`proposers::gp`]: a Gaussian-process model of the policy's accuracy over difficulty and
+//!   time (egobox-gp).
 
 pub mod arith;
-pub mod gp;
+pub mod proposers;
 
-pub use arith::{Arith, ArithConfig, ArithEpisode};
+pub use arith::{Arith, ArithConfig, ArithEpisode, ArithSpec};

@@ -1,9 +1,9 @@
-//! `rlany bench --kernels`: the K1/K2 kernel workloads of `bench/SPEC.md`, fused and reference,
+//! `rlany bench --kernels`: the K1/K2 kernel workloads of `kernels/BENCH.md`, fused and reference,
 //! beside a device-to-device copy measured in the same run (the bandwidth ceiling).
 //!
 //! Timing: warm-up runs first (kernel compilation), the device is synchronised before every
 //! clock read, the median of `--reps` (≥ 10 by default) runs is reported; inputs are random
-//! normal logits and uniform targets. Effective bandwidth = the bytes SPEC.md says must move
+//! normal logits and uniform targets. Effective bandwidth = the bytes kernels/BENCH.md says must move
 //! (K1_fwd N·V·elt, K1_fwdbwd 2·N·V·elt, K2_fwd 2·N·V·elt) / median time.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -19,7 +19,7 @@ use rlany_kernels::{KernelChoice, LogProbOps};
 /// Options of `rlany bench`.
 #[derive(clap::Args, Debug)]
 pub(crate) struct BenchArgs {
-    /// Run the kernel workloads (K1_fwd, K1_fwdbwd, K2_fwd of bench/SPEC.md).
+    /// Run the kernel workloads (K1_fwd, K1_fwdbwd, K2_fwd of kernels/BENCH.md).
     #[arg(long)]
     kernels: bool,
     /// ndarray, wgpu, cuda or cuda:N (wgpu / cuda need the matching cargo feature).
@@ -28,7 +28,7 @@ pub(crate) struct BenchArgs {
     /// Also write the results as JSON here.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
-    /// Rows (tokens) N of the logits. SPEC.md uses 16384; reduce it on a CPU (e.g. 512).
+    /// Rows (tokens) N of the logits. kernels/BENCH.md uses 16384; reduce it on a CPU (e.g. 512).
     #[arg(long, default_value_t = 16384)]
     n: usize,
     /// Timed repetitions per workload (the median is reported).
@@ -209,7 +209,7 @@ where
         .collect::<Result<_>>()?;
     <Inner<B> as Backend>::seed(device, 20_240_601);
     if args.reps < 10 {
-        eprintln!("note: --reps {} is below SPEC.md's 10", args.reps);
+        eprintln!("note: --reps {} is below BENCH.md's 10", args.reps);
     }
 
     // The ceiling: an element-wise read+write pass (`x·1` into a fresh buffer) over the

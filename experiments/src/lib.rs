@@ -5,17 +5,21 @@
 //! proposer it names, picks the backend, and hands them to the framework's closed loop.
 
 mod bench;
+pub mod overrides;
+pub mod plugins;
+pub mod suite;
 
 use anyhow::{Context, Result};
 use burn::backend::Autodiff;
 use clap::{Parser, Subcommand};
-use rlany_envs::gp::{Acquisition as GpAcquisition, Gp, GpConfig};
-use rlany_envs::{Arith, ArithConfig};
+pub use plugins::{AdaptationSpec, EnvironmentSpec, Experiment};
 use rlany_framework::adapt::{self, Proposer};
-use rlany_framework::experiment::{self, Adaptation, EnvironmentSpec};
+use rlany_framework::experiment::{ModelSource, ModelSpec};
+use rlany_framework::plugin::{
+    AdaptationChoice, EnvironmentChoice, ProposerContext,
+};
 use rlany_framework::{
-    BackendKind, Components, Environment, Experiment, ExperimentError, Rng, RunSummary,
-    TrainOptions, train,
+    BackendKind, Components, Environment, ExperimentError, Rng, RunSummary, TrainOptions, train,
 };
 use rlany_models::{CharTokenizer, Transformer, TransformerConfig};
 use std::path::{Path, PathBuf};
@@ -55,20 +59,62 @@ enum Command {
         /// No progress bars (plain per-step lines only).
         #[arg(long)]
         no_progress: bool,
+        /// Override a field: PATH=VALUE (e.g. budget.steps=6); repeatable; recorded in
+        /// resolved.ron.
+        #[arg(long = "set", value_name = "PATH=VALUE")]
+        sets: Vec<String>,
+        /// With --resume: resume from this checkpoint (e.g. step-000010) instead of the latest.
+        #[arg(long, requires = "resume")]
+        checkpoint: Option<String>,
+        /// Do not share warm starts through RUNS_DIR/.warm-cache.
+        #[arg(long)]
+        no_warm_cache: bool,
     },
-    /// Benchmark workloads of bench/SPEC.md (`--kernels`: the fused log-prob / KL kernels).
+    /// Run an ablation suite: every experiment file of SUITE_DIR (rows in file-name order) for
+    /// every seed, sharing identical warm starts; resumable; writes the suite's report.
+    Ablate {
+        /// The folder of experiment files (e.g. experiments/ablation/arith).
+        suite: PathBuf,
+        /// Seeds 1..=N (overrides the files' lists).
+        #[arg(long, conflicts_with = "seed_list")]
+        seeds: Option<u64>,
+        /// These seeds, comma-separated (overrides the files' lists).
+        #[arg(long, value_delimiter = ',')]
+        seed_list: Vec<u64>,
+        /// Override the experiments' backend: ndarray, wgpu, cuda or cuda:N.
+        #[arg(long)]
+        backend: Option<String>,
+        /// Override a field of every row: PATH=VALUE; repeatable.
+        #[arg(long = "set", value_name = "PATH=VALUE")]
+        sets: Vec<String>,
+        /// Where the suite's runs go: RUNS_DIR/<suite>/<experiment>/seed-<n>.
+        #[arg(long, default_value = "runs")]
+        runs_dir: PathBuf,
+        /// No progress bars (plain lines only).
+        #[arg(long)]
+        no_progress: bool,
+        /// Do not share warm starts (every run computes its own).
+        #[arg(long)]
+        no_warm_cache: bool,
+    },
+    /// Benchmark workloads of kernels/BENCH.md (`--kernels`: the fused log-prob / KL kernels).
     Bench {
         #[command(flatten)]
         args: bench::BenchArgs,
     },
-    /// Tables from run directories: the ablation table (mean ± 95% CI over seeds per experiment).
+    /// A report from run directories: report.md with the ablation table (mean ± 95% CI over
+    /// seeds, paired differences) and PNG + SVG figures (accuracy, judge, diagnostics,
+    /// difficulty, GP posterior, backend comparison).
     Report {
-        /// Run directories, or folders holding them (e.g. `runs/`).
-        #[arg(required = true)]
+        /// Run directories, or folders holding them (a suite's runs folder, `runs/`).
+        #[arg(required_unless_present = "bench")]
         paths: Vec<PathBuf>,
-        /// Also write `report.md` into this folder.
+        /// Where report.md and figures/ go (default: the first path).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// `rlany bench --json` files (any backend, or the PyTorch anchor's) to compare.
+        #[arg(long, value_name = "FILE")]
+        bench: Vec<PathBuf>,
     },
     /// Validate experiment files without running them; print the resolved experiment.
     Check {
@@ -105,45 +151,54 @@ where
             // Bad input (an experiment file, an option) exits 2; failures while running, 1.
             let bad_input = e
                 .chain()
-                .any(|c| c.is::<ExperimentError>() || c.is::<UsageError>());
+                .any(|c| {
+                    c.is::<ExperimentError>()
+                        || c.is::<UsageError>()
+                        || c.is::<rlany_reports::ReportError>()
+                });
             if bad_input { 2 } else { 1 }
         }
     }
 }
 
-/// A command-line value that cannot be used.
+/// A command-line value that cannot be used (exit code 2).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-struct UsageError(String);
+pub struct UsageError(pub String);
 
 fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Bench { args } => bench::run(args),
-        Command::Report { paths, out } => {
-            let runs = rlany_reports::collect(&paths)?;
-            let table = rlany_reports::ablation_table(&runs);
-            println!("{table}");
-            if let Some(dir) = out {
-                std::fs::create_dir_all(&dir)
-                    .with_context(|| format!("creating {}", dir.display()))?;
-                let path = dir.join("report.md");
-                let text = format!(
-                    "# Report\n\n{} runs from {}.\n\n{table}",
-                    runs.len(),
-                    paths
-                        .iter()
-                        .map(|p| p.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                );
-                std::fs::write(&path, text)
-                    .with_context(|| format!("writing {}", path.display()))?;
-                println!("wrote {}", path.display());
+        Command::Report { paths, out, bench } => {
+            let out = match (out, paths.first(), bench.first()) {
+                (Some(o), _, _) => o,
+                (None, Some(p), _) => p.clone(),
+                (None, None, Some(b)) => b.parent().map(Path::to_path_buf).unwrap_or_default(),
+                (None, None, None) => PathBuf::from("."),
+            };
+            let opts = rlany_reports::ReportOptions {
+                out,
+                bench_json: bench,
+                title: None,
+            };
+            let summary = rlany_reports::write_report(&paths, &opts)?;
+            for w in &summary.warnings {
+                eprintln!("warning: {w}");
             }
+            println!("{}", summary.table);
+            if let Some(t) = &summary.bench_table {
+                println!("{t}");
+            }
+            println!(
+                "wrote {} ({} runs, {} figures)",
+                summary.report.display(),
+                summary.runs,
+                summary.figures.len()
+            );
             Ok(())
         }
         Command::Check { files, quiet } => {
-            let mut failed = None;
+            let mut failed: Vec<ExperimentError> = Vec::new();
             for f in &files {
                 match Experiment::load(f) {
                     Ok(exp) => {
@@ -155,14 +210,14 @@ fn dispatch(cli: Cli) -> Result<()> {
                     }
                     Err(e) => {
                         eprintln!("error: {e}");
-                        failed = Some(e);
+                        failed.push(e);
                     }
                 }
             }
-            match failed {
+            let n_failed = failed.len();
+            match failed.into_iter().next() {
                 Some(e) => Err(anyhow::Error::new(e).context(format!(
-                    "{} of {} files invalid",
-                    files.len(),
+                    "{n_failed} of {} files invalid",
                     files.len()
                 ))),
                 None => Ok(()),
@@ -176,8 +231,12 @@ fn dispatch(cli: Cli) -> Result<()> {
             runs_dir,
             stop_after,
             no_progress,
+            sets,
+            checkpoint,
+            no_warm_cache,
         } => {
-            let mut exp = Experiment::load(&file)?;
+            let mut exp = overrides::apply(&Experiment::load(&file)?, &sets)
+                .map_err(|e| UsageError(e.to_string()))?;
             if let Some(b) = backend {
                 exp.backend = parse_backend(&b)?;
             }
@@ -191,6 +250,15 @@ fn dispatch(cli: Cli) -> Result<()> {
                     Some(d) => d.clone(),
                     None => runs_dir.join(&exp.name).join(format!("seed-{s}")),
                 };
+                let warm_cache = (!no_warm_cache).then(|| match &resume {
+                    // runs/<name>/seed-<n> → runs/.warm-cache
+                    Some(d) => d
+                        .parent()
+                        .and_then(Path::parent)
+                        .map(|r| r.join(WARM_CACHE))
+                        .unwrap_or_else(|| PathBuf::from(WARM_CACHE)),
+                    None => runs_dir.join(WARM_CACHE),
+                });
                 let opts = TrainOptions {
                     run_dir: run_dir.clone(),
                     resume: resume.is_some(),
@@ -198,6 +266,9 @@ fn dispatch(cli: Cli) -> Result<()> {
                     progress: !no_progress,
                     log_lines: true,
                     meta: meta_json(&exp, s, &file),
+                    warm_cache,
+                    checkpoint: checkpoint.clone(),
+                    observer: None,
                 };
                 let started = std::time::Instant::now();
                 let summary =
@@ -206,10 +277,40 @@ fn dispatch(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Ablate {
+            suite,
+            seeds,
+            seed_list,
+            backend,
+            sets,
+            runs_dir,
+            no_progress,
+            no_warm_cache,
+        } => {
+            let seeds = match (seeds, seed_list.is_empty()) {
+                (Some(n), _) => Some((1..=n).collect()),
+                (None, false) => Some(seed_list),
+                (None, true) => None,
+            };
+            let backend = backend.as_deref().map(parse_backend).transpose()?;
+            suite::ablate(&suite::SuiteOptions {
+                suite,
+                seeds,
+                backend,
+                sets,
+                runs_dir,
+                progress: !no_progress,
+                warm_cache: !no_warm_cache,
+            })
+        }
     }
 }
 
-fn parse_backend(s: &str) -> Result<BackendKind> {
+/// The warm-start cache folder inside a runs folder.
+pub const WARM_CACHE: &str = ".warm-cache";
+
+/// `--backend` text → backend.
+pub fn parse_backend(s: &str) -> Result<BackendKind> {
     let lower = s.to_ascii_lowercase();
     Ok(match lower.as_str() {
         "ndarray" | "cpu" => BackendKind::NdArray,
@@ -285,62 +386,48 @@ pub fn run(exp: &Experiment, seed: u64, opts: &TrainOptions) -> Result<RunSummar
 
 /// The concrete environment an experiment names.
 pub fn build_environment(exp: &Experiment) -> Box<dyn Environment> {
-    match &exp.environment {
-        EnvironmentSpec::Arith(a) => Box::new(Arith::new(ArithConfig {
-            max_operands: a.max_operands,
-            max_digits: a.max_digits,
-        })),
+    exp.environment.plugin().build()
+}
+
+/// The decoder config of a model source.
+pub fn model_config(source: &ModelSource, vocab: usize) -> TransformerConfig {
+    match source {
+        ModelSource::Scratch(m) => scratch_config(m, vocab),
     }
+}
+
+fn scratch_config(m: &ModelSpec, vocab: usize) -> TransformerConfig {
+    TransformerConfig::new(
+        vocab,
+        m.d_model,
+        m.layers,
+        m.heads,
+        m.kv_heads,
+        m.ffn,
+        m.max_seq_len,
+    )
+    .with_qkv_bias(m.qkv_bias)
 }
 
 /// The policy's transformer config.
 pub fn policy_config(exp: &Experiment, vocab: usize) -> TransformerConfig {
-    let p = &exp.policy;
-    TransformerConfig::new(
-        vocab,
-        p.d_model,
-        p.layers,
-        p.heads,
-        p.kv_heads,
-        p.ffn,
-        p.max_seq_len,
-    )
-    .with_qkv_bias(p.qkv_bias)
+    model_config(&exp.policy.model, vocab)
 }
 
 /// The judge's transformer config, when the experiment has a judge.
 pub fn judge_config(exp: &Experiment, vocab: usize) -> Option<TransformerConfig> {
-    exp.judge.model().map(|j| {
-        TransformerConfig::new(
-            vocab,
-            j.d_model,
-            j.layers,
-            j.heads,
-            j.kv_heads,
-            j.ffn,
-            j.max_seq_len,
-        )
-        .with_qkv_bias(j.qkv_bias)
-    })
+    exp.judge.model().map(|j| model_config(&j.model, vocab))
 }
 
-/// The difficulty proposer an experiment names.
-pub fn build_proposer(exp: &Experiment) -> Box<dyn Proposer> {
-    match &exp.adaptation {
-        Adaptation::Static => Box::new(adapt::Static),
-        Adaptation::Threshold(t) => Box::new(adapt::Threshold { step: t.step }),
-        Adaptation::Gp(g) => Box::new(Gp::new(GpConfig {
-            target: g.target,
-            band: g.band,
-            acquisition: match &g.acquisition {
-                experiment::Acquisition::Nearest => GpAcquisition::Nearest,
-                experiment::Acquisition::Ucb(u) => GpAcquisition::Ucb { beta: u.beta },
-            },
-            candidates: g.candidates,
-            total_steps: exp.budget.steps,
-            max_observations: g.max_observations,
-            ..GpConfig::default()
-        })),
+/// The difficulty proposer an experiment names (`Static` when difficulty never changes).
+pub fn build_proposer(exp: &Experiment, dims: usize) -> Box<dyn Proposer> {
+    let ctx = ProposerContext {
+        total_steps: exp.budget.steps,
+        dims,
+    };
+    match exp.adaptation.plugin() {
+        Some(p) => p.build(&ctx),
+        None => Box::new(adapt::Static),
     }
 }
 
@@ -369,28 +456,38 @@ fn run_seed<B: rlany_kernels::AutodiffLogProbOps>(
         tok: &tok,
         policy,
         judge,
-        proposer: build_proposer(exp),
+        proposer: build_proposer(exp, env.difficulty_space().len()),
     };
-    Ok(train::<B, Transformer<B>>(exp, seed, parts, device, opts)?)
+    Ok(train::<B, Transformer<B>, _, _>(
+        exp, seed, parts, device, opts,
+    )?)
 }
 
-fn print_summary(exp: &Experiment, seed: u64, dir: &Path, s: &RunSummary, wall_s: f64) {
+/// One line per finished run.
+pub fn print_summary(exp: &Experiment, seed: u64, dir: &Path, s: &RunSummary, wall_s: f64) {
+    println!("{}", summary_line(exp, seed, dir, s, wall_s));
+}
+
+/// The summary line of a finished (or stopped) run.
+pub fn summary_line(exp: &Experiment, seed: u64, dir: &Path, s: &RunSummary, wall_s: f64) -> String {
     let f = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.3}"));
-    println!(
-        "{} seed {seed}: {} at step {} in {:.1}s | eval in-domain {} -> {} | OOD {} -> {} | {}",
+    format!(
+        "{} seed {seed}: {} at step {} in {:.1}s{} | eval in-domain {} -> {} | OOD {} -> {} | {}",
         exp.name,
         if s.interrupted { "stopped" } else { "finished" },
         s.last_step,
         wall_s,
+        if s.warm_cached > 0 { " (warm start from cache)" } else { "" },
         f(s.acc_id_start),
         f(s.acc_id_end),
         f(s.acc_ood_start),
         f(s.acc_ood_end),
         dir.display()
-    );
+    )
 }
 
-fn meta_json(exp: &Experiment, seed: u64, file: &Path) -> serde_json::Value {
+/// `meta.json` of a run.
+pub fn meta_json(exp: &Experiment, seed: u64, file: &Path) -> serde_json::Value {
     let git_sha = std::process::Command::new("git")
         .args(["rev-parse", "HEAD"])
         .output()

@@ -1,4 +1,4 @@
-//! Environment adaptation (method.md, step 7): the direction rule, the accept/reject gate,
+//! Environment adaptation (framework/METHOD.md, step 7): the direction rule, the accept/reject gate,
 //! the per-slot pending-proposal state machine and the [`Proposer`] interface with its two
 //! model-free implementations, [`Static`] and [`Threshold`]. The GP proposer lives in
 //! `rlany-envs` (`rlany_envs::gp::Gp`) because it pulls in egobox-gp.
@@ -27,7 +27,7 @@ pub enum Direction {
     Easier,
 }
 
-/// method.md: `acc ≥ α_high` → [`Direction::Harder`]; `acc ≤ α_low` → [`Direction::Easier`];
+/// framework/METHOD.md: `acc ≥ α_high` → [`Direction::Harder`]; `acc ≤ α_low` → [`Direction::Easier`];
 /// otherwise (or a NaN accuracy) `None`. `band = (α_low, α_high)`.
 pub fn direction(acc: f64, band: (f64, f64)) -> Option<Direction> {
     let (lo, hi) = band;
@@ -42,7 +42,7 @@ pub fn direction(acc: f64, band: (f64, f64)) -> Option<Direction> {
     }
 }
 
-/// The accept/reject gate of method.md for a pending proposal whose rollout gave `new_acc`,
+/// The accept/reject gate of framework/METHOD.md for a pending proposal whose rollout gave `new_acc`,
 /// proposed from a slot at accuracy `acc`:
 /// - Harder: accept iff `new_acc < acc` and `new_acc ≥ α_low`;
 /// - Easier: accept iff `new_acc > acc` and `new_acc ≤ α_high`;
@@ -179,10 +179,8 @@ impl AdaptError {
     }
 }
 
-/// Proposes new difficulties for task slots (method.md step 7: `Static`, `Threshold`, `Gp`).
+/// Proposes new difficulties for task slots (framework/METHOD.md step 7: `Static`, `Threshold`, `Gp`).
 pub trait Proposer: Send {
-    /// Short identifier (`"static"`, `"threshold"`, `"gp"`).
-    fn name(&self) -> &str;
     /// Record an observed accuracy (every rollout of every slot and every pending proposal).
     fn observe(&mut self, obs: Observation);
     /// A new difficulty (in `[0, 1]^k`, same length as `current`) for a slot currently at
@@ -238,10 +236,6 @@ pub fn threshold_move(
 pub struct Static;
 
 impl Proposer for Static {
-    fn name(&self) -> &str {
-        "static"
-    }
-
     fn observe(&mut self, _obs: Observation) {}
 
     fn propose(
@@ -284,10 +278,6 @@ impl Default for Threshold {
 }
 
 impl Proposer for Threshold {
-    fn name(&self) -> &str {
-        "threshold"
-    }
-
     fn observe(&mut self, _obs: Observation) {}
 
     fn propose(

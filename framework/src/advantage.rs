@@ -1,4 +1,4 @@
-//! Group-relative advantages (method.md, step 4): rewards z-scored within one task's group,
+//! Group-relative advantages (framework/METHOD.md, step 4): rewards z-scored within one task's group,
 //! separately for every step index, with the population standard deviation. A slice whose
 //! rewards are all equal carries no signal and is dropped; so is every task whose group
 //! accuracy lies outside the policy band.

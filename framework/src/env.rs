@@ -52,13 +52,9 @@ pub trait Episode: Send {
     fn done(&self) -> bool;
     /// The verifier: did the trajectory so far solve the task?
     fn outcome(&self) -> bool;
-    /// Number of steps taken so far.
-    fn steps_taken(&self) -> usize;
     /// Oracle label of step `i` (0-based): was that step correct / progressing?
     /// `false` for an index that was never taken.
     fn oracle_label(&self, i: usize) -> bool;
-    /// The expert's next action from the current state, if the environment has an expert.
-    fn expert_action(&self) -> Option<String>;
     /// Which difficulty dimensions a failure at step `i` can be attributed to
     /// (indices into the difficulty space); used as critic feedback.
     fn attribute_failure(&self, _i: usize) -> Vec<usize> {
@@ -68,8 +64,6 @@ pub trait Episode: Send {
 
 /// A family of procedurally generated tasks with a difficulty vector.
 pub trait Environment: Send + Sync {
-    /// Short identifier (e.g. `"arith"`).
-    fn name(&self) -> &str;
     /// The named dimensions of the difficulty vector.
     fn difficulty_space(&self) -> Vec<Dim>;
     /// Draw one task of difficulty `d` from `split`. `d` is clamped to `[0, 1]` per dimension.
@@ -78,6 +72,4 @@ pub trait Environment: Send + Sync {
     /// step is one action line. `noise` is the environment's own notion of a flawed expert
     /// (documented by each environment) so that the warm-started policy is mid-range.
     fn demonstration(&self, d: &[f64], noise: f64, rng: &mut Rng) -> (String, Vec<String>);
-    /// The largest number of characters one action line can sensibly have.
-    fn max_action_chars(&self) -> usize;
 }

@@ -5,14 +5,19 @@
 //! and, where it can, the line and column. `Experiment::load` parses and validates;
 //! `Experiment::to_ron` writes the resolved form (every default filled in).
 //!
+//! The schema holds loop-level settings only. The environment and the adaptation rule are
+//! type parameters: enums of plugins owned by the composition root (see [`crate::plugin`]),
+//! each plugin's settings a typed struct that lives with the plugin.
+//!
 //! Enum variants that carry a struct are written without the extra parentheses
-//! (`Arith(max_operands: 4)`, `Ppo(clip: 0.2)`): the RON extension `unwrap_variant_newtypes`
+//! (`Ppo(clip: 0.2)`, `Scratch(d_model: 64)`): the RON extension `unwrap_variant_newtypes`
 //! is always on.
 
+use crate::check::{self, Checked, FieldError};
+use crate::plugin::{AdaptationChoice, EnvironmentChoice};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-/// Everything that can be wrong with an experiment file.
 #[derive(Debug, thiserror::Error)]
 pub enum ExperimentError {
     /// The file could not be read.
@@ -62,9 +67,16 @@ pub enum BackendKind {
 }
 
 /// The root of an experiment file.
+
+/// The longest experiment name: it names a directory (`runs/<name>/`), and file systems
+/// refuse names over 255 bytes; a margin leaves room for suffixes such as `.tmp`.
+pub const MAX_NAME_LEN: usize = 120;
+
+/// The root of an experiment file. `E` is the composition root's enum of environment plugins,
+/// `A` its enum of adaptation rules.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Experiment {
+#[serde(deny_unknown_fields, bound(deserialize = "E: EnvironmentChoice, A: AdaptationChoice"))]
+pub struct Experiment<E, A> {
     /// Names the run directory `runs/<name>/seed-<n>/`.
     pub name: String,
     /// One run per seed; every random stream of a run derives from its seed.
@@ -73,7 +85,7 @@ pub struct Experiment {
     #[serde(default)]
     pub backend: BackendKind,
     /// The environment plugin and its settings.
-    pub environment: EnvironmentSpec,
+    pub environment: E,
     /// The policy model, its warm start and its sampling.
     pub policy: PolicySpec,
     /// The step judge (`None`: outcome reward only).
@@ -87,12 +99,16 @@ pub struct Experiment {
     pub algorithm: Algorithm,
     /// How task difficulty adapts (`Static`: never).
     #[serde(default)]
-    pub adaptation: Adaptation,
+    pub adaptation: A,
     /// Sizes and schedule of the run.
     pub budget: Budget,
     /// Which implementation of the loss-side ops (token log-probs) the updates use.
     #[serde(default)]
     pub kernels: Kernels,
+    /// In an ablation suite: the experiment (by name) this row is compared with; the row
+    /// above when not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<String>,
 }
 
 /// `Fused`: the backend's fused kernels (CubeCL on wgpu/cuda; the composition elsewhere).
@@ -116,40 +132,41 @@ impl Kernels {
     }
 }
 
-/// The environment plugins that ship with the project.
+/// Where a model's weights come from. More sources (pretrained files) are planned; each brings
+/// its own architecture.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub enum EnvironmentSpec {
-    /// Multi-step arithmetic chains (see `rlany-envs`).
-    Arith(ArithSpec),
+pub enum ModelSource {
+    /// A decoder initialised from the run's seed with this architecture.
+    Scratch(ModelSpec),
 }
 
-/// Settings of the `arith` environment.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ArithSpec {
-    /// Longest chain (operands) at difficulty 1; OOD tasks are longer. At least 2.
-    pub max_operands: usize,
-    /// Most digits per operand at difficulty 1 (1..=3).
-    pub max_digits: u32,
-    /// Starting difficulty of every task slot, one value in [0, 1] per dimension
-    /// (`operands`, `digits`, `minus`). Evaluation uses it too.
-    pub difficulty: Vec<f64>,
-}
-
-impl Default for ArithSpec {
+impl Default for ModelSource {
     fn default() -> Self {
-        Self {
-            max_operands: 4,
-            max_digits: 1,
-            difficulty: vec![0.5, 0.0, 0.5],
+        Self::Scratch(ModelSpec::default())
+    }
+}
+
+impl ModelSource {
+    /// The architecture, when the experiment file states it.
+    pub fn spec(&self) -> Option<&ModelSpec> {
+        match self {
+            ModelSource::Scratch(s) => Some(s),
+        }
+    }
+
+    /// Range checks of the source.
+    pub fn validate(&self) -> Checked {
+        match self {
+            ModelSource::Scratch(s) => s.validate(),
         }
     }
 }
 
-/// A decoder transformer (policy or judge) and how it is prepared.
+/// A decoder-only transformer's architecture (Llama/Qwen2 family: RMSNorm, RoPE, grouped-query
+/// attention, SwiGLU), shared by the policy and the judge.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct PolicySpec {
+pub struct ModelSpec {
     /// Model width.
     pub d_model: usize,
     /// Decoder blocks.
@@ -160,17 +177,13 @@ pub struct PolicySpec {
     pub kv_heads: usize,
     /// Hidden width of the SwiGLU MLP.
     pub ffn: usize,
-    /// Longest context in tokens.
+    /// Longest context in tokens (a judge's longer histories are cut, oldest first).
     pub max_seq_len: usize,
     /// Bias on the q/k/v projections (Qwen2 style).
     pub qkv_bias: bool,
-    /// Supervised warm start on expert demonstrations.
-    pub warm_start: WarmStart,
-    /// How rollouts are sampled.
-    pub sampling: Sampling,
 }
 
-impl Default for PolicySpec {
+impl Default for ModelSpec {
     fn default() -> Self {
         Self {
             d_model: 64,
@@ -180,11 +193,48 @@ impl Default for PolicySpec {
             ffn: 192,
             max_seq_len: 128,
             qkv_bias: false,
-            warm_start: WarmStart::default(),
-            sampling: Sampling::default(),
         }
     }
 }
+
+impl ModelSpec {
+    /// Range checks (field paths relative to the spec).
+    pub fn validate(&self) -> Checked {
+        check::count("d_model", self.d_model, 2, MAX_WIDTH)?;
+        check::count("layers", self.layers, 1, MAX_LAYERS)?;
+        check::count("heads", self.heads, 1, 256)?;
+        check::count("kv_heads", self.kv_heads, 1, 256)?;
+        check::count("ffn", self.ffn, 1, 4 * MAX_WIDTH)?;
+        check::count("max_seq_len", self.max_seq_len, 8, MAX_SEQ)?;
+        let (d, h, kv) = (self.d_model, self.heads, self.kv_heads);
+        if d % h != 0 || (d / h) % 2 != 0 {
+            return Err(FieldError::new(
+                "heads",
+                format!("must divide d_model into an even head size (d_model {d} / heads {h})"),
+            ));
+        }
+        if h % kv != 0 {
+            return Err(FieldError::new(
+                "kv_heads",
+                format!("must divide heads ({h} % {kv} != 0)"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The policy: its model, how it is prepared and how it samples.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicySpec {
+    /// The model.
+    pub model: ModelSource,
+    /// Supervised warm start on expert demonstrations.
+    pub warm_start: WarmStart,
+    /// How rollouts are sampled.
+    pub sampling: Sampling,
+}
+
 
 /// Supervised warm start of the policy on (noisy) expert demonstrations.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -196,8 +246,8 @@ pub struct WarmStart {
     pub batch: usize,
     /// AdamW learning rate.
     pub lr: f64,
-    /// The environment's flawed-expert noise in [0, 1] (arith: probability of dropping a
-    /// carry/borrow), so that the warm-started policy starts mid-range.
+    /// The environment's flawed-expert noise in [0, 1] (each environment documents what its
+    /// expert gets wrong), so that the warm-started policy starts mid-range.
     pub noise: f64,
 }
 
@@ -242,7 +292,7 @@ pub enum JudgeSpec {
     None,
     /// A warm-started judge whose verdicts shape the policy's reward but which is not trained.
     Frozen(JudgeModelSpec),
-    /// A judge trained by the consistency reward (method.md, step 5).
+    /// A judge trained by the consistency reward (framework/METHOD.md, step 5).
     Learned(JudgeModelSpec),
 }
 
@@ -261,24 +311,12 @@ impl JudgeSpec {
     }
 }
 
-/// The judge: its own transformer, warm start, sampling and optimiser.
+/// The judge: its own model, warm start, sampling and optimiser.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct JudgeModelSpec {
-    /// Model width.
-    pub d_model: usize,
-    /// Decoder blocks.
-    pub layers: usize,
-    /// Query heads.
-    pub heads: usize,
-    /// Key/value heads; divides `heads`.
-    pub kv_heads: usize,
-    /// Hidden width of the SwiGLU MLP.
-    pub ffn: usize,
-    /// Longest judge prompt + verdict in tokens (longer histories are cut, oldest first).
-    pub max_seq_len: usize,
-    /// Bias on the q/k/v projections.
-    pub qkv_bias: bool,
+    /// The model (its own weights; the same kind of decoder as the policy).
+    pub model: ModelSource,
     /// Supervised warm start on oracle-labelled steps.
     pub warm_start: JudgeWarmStart,
     /// Sampling temperature of the verdicts.
@@ -290,19 +328,17 @@ pub struct JudgeModelSpec {
 impl Default for JudgeModelSpec {
     fn default() -> Self {
         Self {
-            d_model: 64,
-            layers: 2,
-            heads: 4,
-            kv_heads: 2,
-            ffn: 192,
-            max_seq_len: 96,
-            qkv_bias: false,
+            model: ModelSource::Scratch(ModelSpec {
+                max_seq_len: 96,
+                ..ModelSpec::default()
+            }),
             warm_start: JudgeWarmStart::default(),
             temperature: 0.8,
             lr: 1e-4,
         }
     }
 }
+
 
 /// The judge's warm start: supervised on a few oracle-labelled steps of the warm-started
 /// policy's own rollouts, with label noise, so that it starts mediocre (as a pretrained LLM
@@ -334,7 +370,7 @@ impl Default for JudgeWarmStart {
     }
 }
 
-/// Reward shaping and the data filters of method.md.
+/// Reward shaping and the data filters of framework/METHOD.md.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RewardSpec {
@@ -438,6 +474,23 @@ pub enum KlEstimator {
     K2,
     /// `r − 1 − log r` (unbiased, always ≥ 0).
     K3,
+    /// The exact `KL(π ‖ target)` summed over the whole vocabulary at every trained position
+    /// (needs the target's full distribution: one more forward of the target model when it
+    /// is a frozen reference; the fused kernel on wgpu/cuda).
+    Full,
+}
+
+impl KlEstimator {
+    /// The estimator from the sampled token's log-probs alone (`None` for [`KlEstimator::Full`]).
+    pub fn sampled(self) -> Option<crate::ppo::SampledKl> {
+        use crate::ppo::SampledKl;
+        match self {
+            KlEstimator::K1 => Some(SampledKl::K1),
+            KlEstimator::K2 => Some(SampledKl::K2),
+            KlEstimator::K3 => Some(SampledKl::K3),
+            KlEstimator::Full => None,
+        }
+    }
 }
 
 /// What the KL is measured against.
@@ -447,99 +500,6 @@ pub enum KlTarget {
     Old,
     /// A frozen copy of the warm-started model (kept in checkpoints).
     Reference,
-}
-
-/// How task difficulty adapts (method.md, step 7).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
-pub enum Adaptation {
-    /// Difficulty never changes.
-    #[default]
-    Static,
-    /// The paper's rule: move the difficulty by a fixed step along the flagged dimensions.
-    Threshold(ThresholdSpec),
-    /// Our Gaussian-process proposer.
-    Gp(GpSpec),
-}
-
-impl Adaptation {
-    /// `(α_low, α_high)`: below, propose easier; above, harder.
-    pub fn band(&self) -> (f64, f64) {
-        match self {
-            Adaptation::Static => (0.2, 0.8),
-            Adaptation::Threshold(t) => t.band,
-            Adaptation::Gp(g) => g.band,
-        }
-    }
-}
-
-/// `Threshold` settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ThresholdSpec {
-    /// δ: how far one proposal moves each flagged dimension.
-    pub step: f64,
-    /// `(α_low, α_high)`.
-    pub band: (f64, f64),
-}
-
-impl Default for ThresholdSpec {
-    fn default() -> Self {
-        Self {
-            step: 0.1,
-            band: (0.2, 0.8),
-        }
-    }
-}
-
-/// `Gp` settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct GpSpec {
-    /// Accuracy the proposals aim at.
-    pub target: f64,
-    /// `(α_low, α_high)`.
-    pub band: (f64, f64),
-    /// How a proposal is chosen among the candidates.
-    pub acquisition: Acquisition,
-    /// Candidates scored per proposal.
-    pub candidates: usize,
-    /// Observations kept (newest first).
-    pub max_observations: usize,
-}
-
-impl Default for GpSpec {
-    fn default() -> Self {
-        Self {
-            target: 0.5,
-            band: (0.2, 0.8),
-            acquisition: Acquisition::Nearest,
-            candidates: 256,
-            max_observations: 200,
-        }
-    }
-}
-
-/// The GP proposer's choice rule.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub enum Acquisition {
-    /// The candidate whose predicted accuracy is nearest the target.
-    Nearest,
-    /// Upper confidence bound on p(1−p): `p(1−p) + β·sd_p`.
-    Ucb(UcbSpec),
-}
-
-/// UCB settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct UcbSpec {
-    /// Exploration weight β.
-    pub beta: f64,
-}
-
-impl Default for UcbSpec {
-    fn default() -> Self {
-        Self { beta: 2.0 }
-    }
 }
 
 /// Sizes and schedule.
@@ -586,8 +546,7 @@ const MAX_WIDTH: usize = 8192;
 const MAX_LAYERS: usize = 128;
 const MAX_SEQ: usize = 32_768;
 const MAX_COUNT: usize = 1_000_000;
-
-impl Experiment {
+impl<E: EnvironmentChoice, A: AdaptationChoice> Experiment<E, A> {
     /// Reads, parses and validates an experiment file.
     pub fn load(path: &Path) -> Result<Self, ExperimentError> {
         let text = std::fs::read_to_string(path).map_err(|source| ExperimentError::Io {
@@ -599,7 +558,7 @@ impl Experiment {
 
     /// Parses and validates experiment text; `path` is only used in messages.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ExperimentError> {
-        let exp: Experiment = ron_options()
+        let exp: Self = ron_options()
             .from_str(text)
             .map_err(|e| ExperimentError::Parse {
                 path: path.to_path_buf(),
@@ -607,16 +566,13 @@ impl Experiment {
                 col: e.position.col,
                 message: e.code.to_string(),
             })?;
-        exp.validate().map_err(|(field, message)| {
-            let key = field.rsplit('.').next().unwrap_or(&field).to_string();
-            ExperimentError::Invalid {
-                path: path.to_path_buf(),
-                location: find_key_line(text, &key)
-                    .map(|l| format!(":{l}"))
-                    .unwrap_or_default(),
-                field,
-                message,
-            }
+        exp.validate().map_err(|e| ExperimentError::Invalid {
+            path: path.to_path_buf(),
+            location: check::locate(text, &e.field)
+                .map(|l| format!(":{l}"))
+                .unwrap_or_default(),
+            field: e.field,
+            message: e.message,
         })?;
         Ok(exp)
     }
@@ -632,13 +588,6 @@ impl Experiment {
             .unwrap_or_else(|e| format!("// could not serialise: {e}"))
     }
 
-    /// The arith settings (the only environment so far).
-    pub fn arith(&self) -> &ArithSpec {
-        match &self.environment {
-            EnvironmentSpec::Arith(a) => a,
-        }
-    }
-
     /// The PPO settings.
     pub fn ppo(&self) -> &PpoSpec {
         match &self.algorithm {
@@ -646,174 +595,77 @@ impl Experiment {
         }
     }
 
-    /// Checks every range; returns `(dotted field, message)` for the first violation.
-    pub fn validate(&self) -> Result<(), (String, String)> {
-        fn err<T>(field: &str, msg: impl Into<String>) -> Result<T, (String, String)> {
-            Err((field.to_string(), msg.into()))
-        }
-        fn count(field: &str, v: usize, lo: usize, hi: usize) -> Result<(), (String, String)> {
-            if v < lo || v > hi {
-                return err(field, format!("must be in {lo}..={hi} (got {v})"));
-            }
-            Ok(())
-        }
-        fn real(field: &str, v: f64, lo: f64, hi: f64) -> Result<(), (String, String)> {
-            if !v.is_finite() || v < lo || v > hi {
-                return err(
-                    field,
-                    format!("must be a finite number in [{lo}, {hi}] (got {v})"),
-                );
-            }
-            Ok(())
-        }
-        fn positive(field: &str, v: f64, hi: f64) -> Result<(), (String, String)> {
-            if !v.is_finite() || v <= 0.0 || v > hi {
-                return err(
-                    field,
-                    format!("must be a finite number in (0, {hi}] (got {v})"),
-                );
-            }
-            Ok(())
-        }
-        fn band(field: &str, (lo, hi): (f64, f64)) -> Result<(), (String, String)> {
-            real(field, lo, 0.0, 1.0)?;
-            real(field, hi, 0.0, 1.0)?;
-            if lo > hi {
-                return err(
-                    field,
-                    format!("must be (low, high) with low <= high (got ({lo}, {hi}))"),
-                );
-            }
-            Ok(())
-        }
-
-        if self.name.trim().is_empty()
-            || !self
+    /// Checks every range; the first violation, with its dotted field path.
+    pub fn validate(&self) -> Checked {
+        use check::{band, count, positive, real};
+        let name_ok = !self.name.trim().is_empty()
+            && self
                 .name
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
-            || self.name.starts_with('.')
-        {
-            return err(
+            && !self.name.starts_with('.');
+        if !name_ok {
+            return Err(FieldError::new(
                 "name",
                 format!(
                     "must be non-empty and use only letters, digits, '_', '-', '.' (got {:?})",
                     self.name
                 ),
-            );
+            ));
+        }
+        if self.name.len() > MAX_NAME_LEN {
+            return Err(FieldError::new(
+                "name",
+                format!(
+                    "names a directory and must be at most {MAX_NAME_LEN} characters (got {})",
+                    self.name.len()
+                ),
+            ));
         }
         if self.seeds.is_empty() {
-            return err("seeds", "must list at least one seed");
+            return Err(FieldError::new("seeds", "must list at least one seed"));
         }
         let mut sorted = self.seeds.clone();
         sorted.sort_unstable();
         sorted.dedup();
         if sorted.len() != self.seeds.len() {
-            return err("seeds", "must not repeat a seed");
+            return Err(FieldError::new("seeds", "must not repeat a seed"));
         }
 
-        let a = self.arith();
-        count("environment.max_operands", a.max_operands, 2, 64)?;
-        count("environment.max_digits", a.max_digits as usize, 1, 3)?;
-        if a.difficulty.len() != 3 {
-            return err(
-                "environment.difficulty",
-                format!(
-                    "must have 3 values (operands, digits, minus) (got {})",
-                    a.difficulty.len()
-                ),
-            );
-        }
-        for &d in &a.difficulty {
-            real("environment.difficulty", d, 0.0, 1.0)?;
-        }
-
-        fn model(
-            at: &str,
-            (d_model, layers, heads, kv_heads, ffn, max_seq_len): (
-                usize,
-                usize,
-                usize,
-                usize,
-                usize,
-                usize,
-            ),
-        ) -> Result<(), (String, String)> {
-            count(&format!("{at}.d_model"), d_model, 2, MAX_WIDTH)?;
-            count(&format!("{at}.layers"), layers, 1, MAX_LAYERS)?;
-            count(&format!("{at}.heads"), heads, 1, 256)?;
-            count(&format!("{at}.kv_heads"), kv_heads, 1, 256)?;
-            count(&format!("{at}.ffn"), ffn, 1, 4 * MAX_WIDTH)?;
-            count(&format!("{at}.max_seq_len"), max_seq_len, 8, MAX_SEQ)?;
-            if d_model % heads != 0 || (d_model / heads) % 2 != 0 {
-                return err(
-                    &format!("{at}.heads"),
-                    format!(
-                        "must divide d_model into an even head size (d_model {d_model} / heads {heads})"
-                    ),
-                );
-            }
-            if heads % kv_heads != 0 {
-                return err(
-                    &format!("{at}.kv_heads"),
-                    format!("must divide heads ({heads} % {kv_heads} != 0)"),
-                );
-            }
-            Ok(())
-        }
+        self.environment
+            .plugin()
+            .validate()
+            .map_err(|e| e.within("environment"))?;
 
         let p = &self.policy;
-        model(
-            "policy",
-            (
-                p.d_model,
-                p.layers,
-                p.heads,
-                p.kv_heads,
-                p.ffn,
-                p.max_seq_len,
-            ),
-        )?;
+        p.model
+            .validate()
+            .map_err(|e| e.within("policy.model"))?;
         count("policy.warm_start.steps", p.warm_start.steps, 0, MAX_COUNT)?;
         count("policy.warm_start.batch", p.warm_start.batch, 1, 65_536)?;
         positive("policy.warm_start.lr", p.warm_start.lr, 1.0)?;
         real("policy.warm_start.noise", p.warm_start.noise, 0.0, 1.0)?;
-        real(
-            "policy.sampling.temperature",
-            p.sampling.temperature,
-            0.0,
-            100.0,
-        )?;
-        positive("policy.sampling.top_p", p.sampling.top_p, 1.0)?;
-        count(
-            "policy.sampling.max_step_tokens",
-            p.sampling.max_step_tokens,
-            1,
-            MAX_SEQ,
-        )?;
+        let s = &p.sampling;
+        real("policy.sampling.temperature", s.temperature, 0.0, 100.0)?;
+        positive("policy.sampling.top_p", s.top_p, 1.0)?;
+        count("policy.sampling.max_step_tokens", s.max_step_tokens, 1, MAX_SEQ)?;
+        if let Some(m) = p.model.spec()
+            && s.max_step_tokens >= m.max_seq_len
+        {
+            return Err(FieldError::new(
+                "policy.sampling.max_step_tokens",
+                format!("must be below policy.model.max_seq_len ({})", m.max_seq_len),
+            ));
+        }
 
         if let Some(j) = self.judge.model() {
-            model(
-                "judge",
-                (
-                    j.d_model,
-                    j.layers,
-                    j.heads,
-                    j.kv_heads,
-                    j.ffn,
-                    j.max_seq_len,
-                ),
-            )?;
-            count("judge.warm_start.labels", j.warm_start.labels, 1, MAX_COUNT)?;
-            real(
-                "judge.warm_start.label_noise",
-                j.warm_start.label_noise,
-                0.0,
-                1.0,
-            )?;
-            count("judge.warm_start.steps", j.warm_start.steps, 0, MAX_COUNT)?;
-            count("judge.warm_start.batch", j.warm_start.batch, 1, 65_536)?;
-            positive("judge.warm_start.lr", j.warm_start.lr, 1.0)?;
+            j.model.validate().map_err(|e| e.within("judge.model"))?;
+            let w = &j.warm_start;
+            count("judge.warm_start.labels", w.labels, 1, MAX_COUNT)?;
+            real("judge.warm_start.label_noise", w.label_noise, 0.0, 1.0)?;
+            count("judge.warm_start.steps", w.steps, 0, MAX_COUNT)?;
+            count("judge.warm_start.batch", w.batch, 1, 65_536)?;
+            positive("judge.warm_start.lr", w.lr, 1.0)?;
             real("judge.temperature", j.temperature, 0.0, 100.0)?;
             positive("judge.lr", j.lr, 1.0)?;
         }
@@ -824,21 +676,8 @@ impl Experiment {
         band("reward.policy_band", r.policy_band)?;
         band("reward.judge_band", r.judge_band)?;
 
-        match &self.adaptation {
-            Adaptation::Static => {}
-            Adaptation::Threshold(t) => {
-                positive("adaptation.step", t.step, 1.0)?;
-                band("adaptation.band", t.band)?;
-            }
-            Adaptation::Gp(g) => {
-                real("adaptation.target", g.target, 0.0, 1.0)?;
-                band("adaptation.band", g.band)?;
-                count("adaptation.candidates", g.candidates, 1, 1 << 16)?;
-                count("adaptation.max_observations", g.max_observations, 3, 10_000)?;
-                if let Acquisition::Ucb(u) = &g.acquisition {
-                    real("adaptation.beta", u.beta, 0.0, 1e3)?;
-                }
-            }
+        if let Some(a) = self.adaptation.plugin() {
+            a.validate().map_err(|e| e.within("adaptation"))?;
         }
 
         let ppo = self.ppo();
@@ -859,66 +698,127 @@ impl Experiment {
         count("budget.eval_tasks", b.eval_tasks, 1, 65_536)?;
         count("budget.checkpoint_every", b.checkpoint_every, 1, MAX_COUNT)?;
         if b.tasks_per_step * b.group_size > 1 << 20 {
-            return err(
+            return Err(FieldError::new(
                 "budget.group_size",
                 "tasks_per_step × group_size must be at most 1048576 rollouts per step",
-            );
-        }
-        if p.sampling.max_step_tokens >= p.max_seq_len {
-            return err(
-                "policy.sampling.max_step_tokens",
-                format!("must be below policy.max_seq_len ({})", p.max_seq_len),
-            );
+            ));
         }
         Ok(())
     }
 }
 
-/// 1-based line of the first `key:` in `text` outside comments, for error locations.
-fn find_key_line(text: &str, key: &str) -> Option<usize> {
-    let pat = format!("{key}:");
-    text.lines().enumerate().find_map(|(i, line)| {
-        let code = line.split("//").next().unwrap_or("");
-        let pos = code.find(&pat)?;
-        let before = code[..pos].chars().last();
-        let starts_word = before.is_none_or(|c| !(c.is_alphanumeric() || c == '_'));
-        starts_word.then_some(i + 1)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plugin::{EnvironmentPlugin, ProposerPlugin, ThresholdSpec};
+
+    /// A stand-in environment plugin: the schema tests never build it.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, default)]
+    struct ToySpec {
+        size: usize,
+        difficulty: Vec<f64>,
+    }
+
+    impl Default for ToySpec {
+        fn default() -> Self {
+            Self {
+                size: 2,
+                difficulty: vec![0.5],
+            }
+        }
+    }
+
+    impl EnvironmentPlugin for ToySpec {
+        fn validate(&self) -> Checked {
+            check::count("size", self.size, 1, 9)
+        }
+        fn start_difficulty(&self) -> Vec<f64> {
+            self.difficulty.clone()
+        }
+        fn build(&self) -> Box<dyn crate::Environment> {
+            panic!("the schema tests never build an environment")
+        }
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    enum Envs {
+        Toy(ToySpec),
+    }
+
+    impl EnvironmentChoice for Envs {
+        fn plugin(&self) -> &dyn EnvironmentPlugin {
+            match self {
+                Envs::Toy(t) => t,
+            }
+        }
+    }
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+    enum Adapt {
+        #[default]
+        Static,
+        Threshold(ThresholdSpec),
+    }
+
+    impl AdaptationChoice for Adapt {
+        fn plugin(&self) -> Option<&dyn ProposerPlugin> {
+            match self {
+                Adapt::Static => None,
+                Adapt::Threshold(t) => Some(t),
+            }
+        }
+    }
+
+    type Exp = Experiment<Envs, Adapt>;
 
     const MINIMAL: &str = r#"
 Experiment(
     name: "t",
     seeds: [1],
-    environment: Arith(max_operands: 3),
-    policy: (d_model: 32),
+    environment: Toy(size: 3),
+    policy: (model: Scratch(d_model: 32)),
     budget: (steps: 2, group_size: 4),
 )
 "#;
 
-    fn parse(text: &str) -> Result<Experiment, ExperimentError> {
-        Experiment::parse(text, Path::new("x.ron"))
+    fn parse(text: &str) -> Result<Exp, ExperimentError> {
+        Exp::parse(text, Path::new("x.ron"))
     }
 
     #[test]
     fn minimal_file_gets_defaults_and_round_trips() {
         let e = parse(MINIMAL).expect("parses");
-        assert_eq!(e.arith().max_operands, 3);
-        assert_eq!(e.arith().max_digits, 1);
-        assert_eq!(e.policy.d_model, 32);
+        assert_eq!(e.environment, Envs::Toy(ToySpec { size: 3, difficulty: vec![0.5] }));
+        let m = e.policy.model.spec().expect("scratch");
+        assert_eq!((m.d_model, m.max_seq_len), (32, 128));
         assert_eq!(e.budget.group_size, 4);
         assert_eq!(e.ppo().kl.estimator, KlEstimator::K3);
+        assert_eq!(e.adaptation, Adapt::Static);
         let again = parse(&e.to_ron()).expect("resolved form parses");
         assert_eq!(e, again);
     }
 
     #[test]
+    fn policy_and_judge_share_one_model_spec() {
+        let text = MINIMAL.replace(
+            "budget:",
+            "judge: Learned(model: Scratch(d_model: 16, heads: 2, kv_heads: 3)),\n    budget:",
+        );
+        match parse(&text) {
+            Err(ExperimentError::Invalid { field, location, .. }) => {
+                assert_eq!(field, "judge.model.kv_heads");
+                assert_eq!(location, ":7");
+            }
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+        let judge = JudgeModelSpec::default();
+        assert_eq!(judge.model.spec().map(|m| m.max_seq_len), Some(96));
+    }
+
+    #[test]
     fn unknown_field_is_a_located_parse_error() {
-        let text = MINIMAL.replace("policy: (d_model: 32)", "policy: (d_model: 32, dmodel: 3)");
+        let text = MINIMAL.replace("Scratch(d_model: 32)", "Scratch(d_model: 32, dmodel: 3)");
         let msg = parse(&text).expect_err("rejected").to_string();
         assert!(msg.starts_with("x.ron:6:"), "{msg}");
         assert!(msg.contains("dmodel"), "{msg}");
@@ -926,50 +826,56 @@ Experiment(
 
     #[test]
     fn unknown_variant_and_bad_syntax_are_rejected() {
-        let text = MINIMAL.replace("Arith(", "Arithm(");
-        assert!(
-            parse(&text)
-                .expect_err("variant")
-                .to_string()
-                .contains("Arithm")
-        );
+        let text = MINIMAL.replace("Toy(", "Toyy(");
+        assert!(parse(&text).expect_err("variant").to_string().contains("Toyy"));
         let text = MINIMAL.replace("seeds: [1],", "seeds: [1,");
         assert!(matches!(parse(&text), Err(ExperimentError::Parse { .. })));
     }
 
     #[test]
-    fn out_of_range_values_name_field_and_line() {
+    fn out_of_range_values_name_field_and_their_own_line() {
+        // Two `lr` keys: the error must point at the one of `algorithm`, not the first.
+        let nested = r#"
+Experiment(
+    name: "t",
+    seeds: [1],
+    environment: Toy(size: 3),
+    policy: (
+        model: Scratch(d_model: 32),
+        warm_start: (lr: 0.1),
+        sampling: (temperature: 1.0),
+    ),
+    algorithm: Ppo(
+        clip: 0.2,
+        lr: LR,
+    ),
+    budget: (steps: 2, group_size: 4),
+)
+"#;
         let cases = [
+            (MINIMAL.replace("group_size: 4", "group_size: 0"), "budget.group_size", 8),
+            (MINIMAL.replace("seeds: [1]", "seeds: []"), "seeds", 4),
+            (MINIMAL.replace("size: 3", "size: 30"), "environment.size", 5),
+            (MINIMAL.replace("d_model: 32", "d_model: 100000000"), "policy.model.d_model", 6),
+            (nested.replace("LR", "-1.0"), "algorithm.lr", 13),
             (
-                "budget: (steps: 2, group_size: 4)",
-                "budget: (steps: 2, group_size: 0)",
-                "budget.group_size",
-            ),
-            ("seeds: [1]", "seeds: []", "seeds"),
-            (
-                "policy: (d_model: 32)",
-                "policy: (d_model: 32, warm_start: (lr: -1.0))",
-                "policy.warm_start.lr",
-            ),
-            (
-                "policy: (d_model: 32)",
-                "policy: (d_model: 32, sampling: (temperature: NaN))",
+                nested.replace("LR", "1e-4").replace("temperature: 1.0", "temperature: NaN"),
                 "policy.sampling.temperature",
+                9,
             ),
             (
-                "policy: (d_model: 32)",
-                "policy: (d_model: 100000000)",
-                "policy.d_model",
+                nested.replace("LR", "1e-4").replace("steps: 2", "steps: 0"),
+                "budget.steps",
+                15,
             ),
         ];
-        for (from, to, field) in cases {
-            let text = MINIMAL.replace(from, to);
+        for (text, field, line) in cases {
             match parse(&text) {
                 Err(ExperimentError::Invalid {
                     field: f, location, ..
                 }) => {
-                    assert_eq!(f, field);
-                    assert!(location.starts_with(':'), "{field}: no line");
+                    assert_eq!(f, field, "{text}");
+                    assert_eq!(location, format!(":{line}"), "{field}: {text}");
                 }
                 other => panic!("{field}: expected Invalid, got {other:?}"),
             }
@@ -977,8 +883,14 @@ Experiment(
     }
 
     #[test]
-    fn key_line_skips_comments_and_longer_names() {
-        let text = "a: 1\n// group_size: 3\nmax_group_size: 2\n group_size: 4";
-        assert_eq!(find_key_line(text, "group_size"), Some(4));
+    fn a_name_too_long_for_a_directory_is_refused() {
+        let long = "n".repeat(MAX_NAME_LEN + 1);
+        let text = MINIMAL.replace("name: \"t\"", &format!("name: \"{long}\""));
+        match parse(&text) {
+            Err(ExperimentError::Invalid { field, .. }) => assert_eq!(field, "name"),
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+        let ok = MINIMAL.replace("name: \"t\"", &format!("name: \"{}\"", "n".repeat(MAX_NAME_LEN)));
+        assert!(parse(&ok).is_ok());
     }
 }

@@ -1,4 +1,4 @@
-//! The generative step judge (method.md, step 3): a language model that reads the task, the
+//! The generative step judge (framework/METHOD.md, step 3): a language model that reads the task, the
 //! history, one step and the observation that followed it, and writes a verdict token, `+`
 //! (the step is good) or `-` (bad). Each step is judged `m` times at a temperature; anything
 //! but `+`/`-` is an invalid verdict (0, a format failure).
@@ -190,7 +190,7 @@ pub fn by_trajectory(judged: &[JudgedStep], trajs: &[Trajectory]) -> Vec<Vec<Vec
     out
 }
 
-/// Judge quality on played-out trajectories (method.md, "What the paper measures").
+/// Judge quality on played-out trajectories (framework/METHOD.md, "What the paper measures").
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct JudgeQuality {
     /// Majority verdict agrees with the oracle step label.

@@ -2,26 +2,29 @@
 //!
 //! The traits, the experiment schema and the closed loop of RLAnything
 //! (arXiv 2602.02488, "Forge Environment, Policy, and Reward Model in Completely Dynamic RL
-//! System"). This crate never names a concrete model or environment.
+//! System"). This crate never names a concrete model, environment or proposer: those are
+//! plugins (see [`plugin`]) that the composition root pairs in an experiment file.
 
 pub mod adapt;
 pub mod advantage;
 pub mod batch;
+pub mod check;
 pub mod checkpoint;
 pub mod env;
 pub mod eval;
 pub mod experiment;
 pub mod judge;
 pub mod lm;
-pub mod optim;
+pub mod plugin;
 pub mod ppo;
 pub mod progress;
 pub mod reward;
 pub mod rng;
 pub mod rollout;
 pub mod rundir;
+pub mod step;
 pub mod trainer;
-pub mod update;
+pub mod warmcache;
 pub mod warmstart;
 
 pub use env::{Difficulty, Dim, Environment, Episode, Split, StepResult};
@@ -29,4 +32,4 @@ pub use experiment::{BackendKind, Experiment, ExperimentError};
 pub use lm::{CausalLm, Generation, SampleParams, Tokenizer};
 pub use rng::Rng;
 pub use rollout::{StepSpan, Trajectory, rollout};
-pub use trainer::{Components, RunSummary, TrainError, TrainOptions, train};
+pub use trainer::{Components, RunSummary, StepObserver, TrainError, TrainOptions, train};

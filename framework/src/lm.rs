@@ -68,9 +68,6 @@ pub trait CausalLm<B: Backend>: Module<B> + Clone + Send + 'static {
         rng: &mut Rng,
     ) -> Vec<Generation>;
 
-    /// Size of the output vocabulary.
-    fn vocab_size(&self) -> usize;
-
     /// Longest context (prompt + generation) the model accepts.
     fn max_seq_len(&self) -> usize;
 }

@@ -54,6 +54,27 @@ impl Progress {
         }
     }
 
+    /// Moves to position `pos` (plain lines: printed when a tenth of the way is crossed).
+    pub fn set_position(&mut self, pos: u64) {
+        if let Some(b) = &self.bar {
+            b.set_position(pos);
+        }
+        if let Some((_, _, cur)) = &self.plain {
+            let n = pos.saturating_sub(*cur);
+            if n > 0 {
+                self.inc(n);
+            }
+        }
+    }
+
+    /// Prints a line above the bar (plain: on stdout).
+    pub fn println(&self, line: &str) {
+        match &self.bar {
+            Some(b) => b.println(line),
+            None => println!("{line}"),
+        }
+    }
+
     /// Sets the text shown beside the bar (and on plain lines).
     pub fn set_message(&mut self, msg: String) {
         if let Some(b) = &self.bar {

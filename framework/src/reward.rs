@@ -1,4 +1,4 @@
-//! The two rewards of method.md as small pure functions.
+//! The two rewards of framework/METHOD.md as small pure functions.
 //!
 //! - **Integrated reward** of a policy step (step 4): `R = O + (λ / m) · Σ_j S_j`, with the
 //!   outcome `O ∈ {−1, +1}` and the judge's `m` verdicts `S_j ∈ {−1, 0, +1}` (0 = unparseable).

@@ -45,11 +45,6 @@ impl Rng {
         Self::new(seed ^ h.rotate_left(17))
     }
 
-    /// A child stream split off this one (advances this one by one draw).
-    pub fn fork(&mut self) -> Self {
-        Self::new(self.next_u64())
-    }
-
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         let s = &mut self.s;

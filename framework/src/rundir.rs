@@ -106,11 +106,6 @@ impl RunDir {
         })
     }
 
-    /// The directory.
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
     /// `checkpoints/`.
     pub fn checkpoints(&self) -> PathBuf {
         self.root.join("checkpoints")

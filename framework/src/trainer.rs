@@ -1,4 +1,5 @@
-//! The closed loop, top to bottom (method.md, "One training step"):
+//! The closed loop (framework/METHOD.md, "One training step"), as a sequence of phases over
+//! one [`StepBatch`]:
 //!
 //! 1. **Tasks** — every task slot draws a fresh task at its difficulty; a slot with a pending
 //!    proposal also draws one at the proposed difficulty.
@@ -6,37 +7,44 @@
 //! 3. **Outcome and gate** — the verifier scores every trajectory; group accuracy per task;
 //!    pending proposals are accepted or rejected (rejected groups are dropped unused).
 //! 4. **Judging** — the judge gives `m` verdicts per step.
-//! 5. **Rewards** — integrated reward `R = O + (λ/m)ΣS` per step, z-scored per task group and
-//!    step index (policy band); consistency reward `R·S` per verdict, z-scored over the `m`
-//!    verdicts (judge band).
+//! 5. **Rewards and advantages** — integrated reward `R = O + (λ/m)ΣS` per step, z-scored per
+//!    task group and step index (policy band); consistency reward `R·S` per verdict, z-scored
+//!    over the `m` verdicts (judge band).
 //! 6. **Updates** — PPO-clip + KL for the policy, then for the judge (if it learns).
-//! 7. **Adaptation** — slots that are too easy or too hard get a proposal for the next step.
+//! 7. **Proposals** — slots that are too easy or too hard get a proposal for the next step.
 //! 8. **Bookkeeping** — metrics, periodic greedy evaluation (in-domain, OOD, judge quality),
 //!    atomic checkpoints from which a resumed run continues exactly.
 //!
 //! Before step 1 the policy (then the judge) is warm-started and everything is evaluated
-//! (step 0).
+//! (step 0) — or, on resume, everything is restored from the latest checkpoint. The pure
+//! phases live in [`crate::step`]; the ones that run a model are methods of [`Run`] here.
 
-use crate::adapt::{AdaptCounts, AdaptSlot, CriticFeedback, Observation, Proposer};
-use crate::advantage::{accuracy, group_step_advantages, in_band};
+use crate::adapt::{AdaptCounts, AdaptSlot, Proposer};
 use crate::checkpoint::{self, CheckpointError};
-use crate::env::{Environment, Split};
+use crate::env::{Difficulty, Environment, Split};
 use crate::eval::evaluate;
-use crate::experiment::{Experiment, JudgeSpec, KlTarget};
-use crate::judge::{self, JudgedStep};
+use crate::experiment::{
+    Budget, Experiment, JudgeModelSpec, JudgeSpec, KlTarget, PpoSpec, RewardSpec, Sampling,
+    WarmStart,
+};
+use crate::judge;
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
+use crate::plugin::{AdaptationChoice, EnvironmentChoice};
+use crate::ppo::{NonFinite, UpdateParams, ppo_update};
 use crate::progress;
-use crate::reward::{self, Verdict};
 use crate::rng::Rng;
-use crate::rollout::{Trajectory, rollout};
+use crate::rollout::rollout;
 use crate::rundir::{Metrics, RunDir, RunDirError};
-use crate::update::{NonFinite, Sample, Unit, UpdateParams, UpdateStats, ppo_update};
+use crate::step::{self, StepBatch};
+use crate::warmcache::{self, WarmCache};
 use crate::warmstart::{supervised, warm_start};
+use std::collections::BTreeMap;
 use burn::module::AutodiffModule;
+use burn::optim::AdamW;
 use burn::optim::AdamWConfig;
-use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
-use rlany_kernels::AutodiffLogProbOps;
+use burn::optim::adaptor::OptimizerAdaptor;
+
+use rlany_kernels::{AutodiffLogProbOps, KernelChoice};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -88,6 +96,23 @@ pub struct TrainOptions {
     pub log_lines: bool,
     /// Written to `meta.json` of a fresh run.
     pub meta: serde_json::Value,
+    /// Share warm starts through this cache folder (see [`crate::warmcache`]).
+    pub warm_cache: Option<PathBuf>,
+    /// Resume from this checkpoint (e.g. `step-000010`) instead of the latest.
+    pub checkpoint: Option<String>,
+    /// Told about every completed step (e.g. a suite's progress display).
+    pub observer: Option<StepObserver>,
+}
+
+/// A callback `(step, total steps)` after every completed training step (step 0 = the warm
+/// start and its evaluation).
+#[derive(Clone)]
+pub struct StepObserver(pub std::sync::Arc<dyn Fn(usize, usize) + Send + Sync>);
+
+impl std::fmt::Debug for StepObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StepObserver")
+    }
 }
 
 /// The concrete components an experiment pairs, built by the composition root.
@@ -102,21 +127,6 @@ pub struct Components<'a, M> {
     pub judge: Option<M>,
     /// The difficulty proposer.
     pub proposer: Box<dyn Proposer>,
-}
-
-/// Everything besides weights and optimiser states that a checkpoint must hold.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct TrainerState {
-    step: usize,
-    task_rng: Rng,
-    rollout_rng: Rng,
-    judge_rng: Rng,
-    policy_mb_rng: Rng,
-    judge_mb_rng: Rng,
-    adapt_rng: Rng,
-    slots: Vec<AdaptSlot>,
-    counts: AdaptCounts,
-    proposer: serde_json::Value,
 }
 
 /// What a finished (or stopped) run reports.
@@ -134,18 +144,13 @@ pub struct RunSummary {
     pub acc_ood_end: Option<f64>,
     /// Stopped by `stop_after` before the budget was spent.
     pub interrupted: bool,
-}
-
-/// One group of rollouts: a slot's own task, or the pending proposal of a slot.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Group {
-    slot: usize,
-    pending: bool,
+    /// Warm starts taken from the cache instead of computed (policy, judge).
+    pub warm_cached: usize,
 }
 
 /// Trains one seed of `exp` with `parts`.
-pub fn train<B, M>(
-    exp: &Experiment,
+pub fn train<B, M, E, A>(
+    exp: &Experiment<E, A>,
     seed: u64,
     parts: Components<'_, M>,
     device: &B::Device,
@@ -155,138 +160,129 @@ where
     B: AutodiffLogProbOps,
     M: CausalLm<B> + AutodiffModule<B>,
     M::InnerModule: CausalLm<B::InnerBackend>,
+    E: EnvironmentChoice,
+    A: AdaptationChoice,
 {
-    let kernels = exp.kernels.choice();
-    let Components {
-        env,
-        tok,
-        policy: fresh_policy,
-        judge: fresh_judge,
-        mut proposer,
-    } = parts;
-    let ppo = exp.ppo().clone();
-    let budget = exp.budget.clone();
-    let rw = exp.reward.clone();
-    let judge_spec = exp.judge.model().cloned();
-    let band = exp.adaptation.band();
-    let adaptive = !matches!(exp.adaptation, crate::experiment::Adaptation::Static);
-    let dims = env.difficulty_space();
-    let resolved = exp.to_ron();
-    let mut summary = RunSummary {
-        last_step: 0,
-        acc_id_start: None,
-        acc_ood_start: None,
-        acc_id_end: None,
-        acc_ood_end: None,
-        interrupted: false,
-    };
-    let adamw = AdamWConfig::new().with_weight_decay(ppo.weight_decay as f32);
-    let mut policy_optim = adamw.init::<B, M>();
-    let mut judge_optim = adamw.init::<B, M>();
-    let params = SampleParams {
-        temperature: exp.policy.sampling.temperature,
-        top_p: exp.policy.sampling.top_p,
-        max_new_tokens: exp.policy.sampling.max_step_tokens,
-        stop_tokens: vec![tok.step_delimiter(), tok.eos()],
-    };
-
-    // ── Warm starts, or the latest checkpoint ──────────────────────────────────────────
-    let (run, mut policy, mut judge, reference, mut state) = if opts.resume {
-        let run = RunDir::open(&opts.run_dir, &resolved)?;
-        let ckpt = checkpoint::Reader::latest(&run.checkpoints())?;
-        let reference = match ppo.kl.target {
-            KlTarget::Reference => Some(ckpt.module("reference", fresh_policy.valid(), device)?),
-            KlTarget::Old => None,
-        };
-        let policy = ckpt.module("policy", fresh_policy, device)?;
-        policy_optim = ckpt.optim("policy_optim", policy_optim, device)?;
-        let judge = match fresh_judge {
-            Some(j) => {
-                judge_optim = ckpt.optim("judge_optim", judge_optim, device)?;
-                Some(ckpt.module("judge", j, device)?)
-            }
-            None => None,
-        };
-        let state: TrainerState = ckpt.state()?;
-        proposer.load_state(state.proposer.clone())?;
-        run.truncate_after(state.step)?;
-        (run, policy, judge, reference, state)
+    let settings = Settings::of(exp);
+    let mut run = if opts.resume {
+        Run::resume(settings, seed, parts, device, opts)?
     } else {
-        let run = RunDir::create(&opts.run_dir, &resolved, &opts.meta)?;
-        let mut m = Metrics::new(0);
-        let mut rng = Rng::derive(seed, "warm-start");
-        let ws = &exp.policy.warm_start;
-        let (policy, loss) = warm_start(
-            fresh_policy,
-            env,
-            tok,
-            ws,
-            ppo.max_grad_norm,
-            &mut rng,
-            opts.progress,
-            kernels,
-            device,
-        )
-        .map_err(non_finite(0, "policy warm-start"))?;
-        if loss.is_finite() {
-            m.set("warm/policy_loss", loss);
+        Run::warm_start(settings, seed, parts, device, opts)?
+    };
+    for step in run.state.step + 1..=run.cfg.budget.steps {
+        let t0 = Instant::now();
+        let mut batch = StepBatch::new(step);
+        run.tasks_and_rollout(&mut batch)?; // phases 1–2
+        run.outcome_and_gate(&mut batch); // phase 3
+        run.judging(&mut batch); // phase 4
+        run.rewards_and_advantages(&mut batch); // phase 5
+        run.policy_update(&mut batch)?; // phase 6
+        run.judge_update(&mut batch)?;
+        run.proposals(&mut batch); // phase 7
+        run.bookkeeping(&mut batch, t0)?; // phase 8
+        if opts.stop_after == Some(step) && step < run.cfg.budget.steps {
+            run.summary.interrupted = true;
+            break;
         }
-        let judge = match (fresh_judge, &judge_spec) {
-            (Some(j), Some(spec)) => {
-                let ws = &spec.warm_start;
-                let mut rng = Rng::derive(seed, "judge-warm-start");
-                let pool = judge::labelled_steps(
-                    &policy.valid(),
-                    env,
-                    tok,
-                    ws.labels,
-                    ws.label_noise,
-                    spec.max_seq_len,
-                    &params,
-                    budget.max_env_steps,
-                    &mut rng,
-                );
-                m.set("warm/judge_labels", pool.len() as f64);
-                m.set(
-                    "warm/judge_pos_rate",
-                    pool.iter().filter(|(_, l)| *l).count() as f64 / pool.len().max(1) as f64,
-                );
-                let examples: Vec<(Vec<u32>, Vec<bool>)> = pool
-                    .iter()
-                    .map(|(prompt, label)| {
-                        let mut ids = prompt.clone();
-                        ids.push(judge::verdict_token(tok, *label));
-                        let mut target = vec![false; prompt.len()];
-                        target.push(true);
-                        (ids, target)
-                    })
-                    .collect();
-                let (j, loss) = supervised(
-                    j,
-                    tok,
-                    ws.steps,
-                    ws.lr,
-                    ppo.max_grad_norm,
-                    "judge warm",
-                    opts.progress,
-                    kernels,
-                    device,
-                    |_| {
-                        (0..ws.batch.min(examples.len()))
-                            .map(|_| examples[rng.below(examples.len())].clone())
-                            .collect()
-                    },
-                )
-                .map_err(non_finite(0, "judge warm-start"))?;
-                if loss.is_finite() {
-                    m.set("warm/judge_loss", loss);
-                }
-                Some(j)
-            }
-            _ => None,
-        };
-        let reference = matches!(ppo.kl.target, KlTarget::Reference).then(|| policy.valid());
-        let state = TrainerState {
+    }
+    Ok(run.summary)
+}
+
+/// The loop-level settings of the experiment, read once.
+struct Settings {
+    name: String,
+    resolved: String,
+    warm_start: WarmStart,
+    sampling: Sampling,
+    judge: JudgeSpec,
+    reward: RewardSpec,
+    ppo: PpoSpec,
+    budget: Budget,
+    kernels: KernelChoice,
+    /// The environment plugin's starting difficulty (also the in-domain eval difficulty).
+    start: Difficulty,
+    /// `(α_low, α_high)` of the adaptation rule.
+    band: (f64, f64),
+    /// Whether difficulty adapts at all (`Static` does not).
+    adaptive: bool,
+    /// Every input of the policy's warm start except the seed (its cache key).
+    warm_policy_inputs: serde_json::Value,
+    /// Every input of the judge's warm start except the seed.
+    warm_judge_inputs: serde_json::Value,
+}
+
+/// Serialisation of settings into the JSON a cache key is computed from.
+mod erased {
+    pub trait Json {
+        fn json(&self) -> serde_json::Value;
+    }
+
+    impl<T: serde::Serialize> Json for T {
+        fn json(&self) -> serde_json::Value {
+            serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+        }
+    }
+}
+
+impl Settings {
+    fn of<E: EnvironmentChoice, A: AdaptationChoice>(exp: &Experiment<E, A>) -> Self {
+        let proposer = exp.adaptation.plugin();
+        let json = |v: &dyn erased::Json| v.json();
+        let warm_policy_inputs = serde_json::json!({
+            "environment": json(&exp.environment),
+            "model": json(&exp.policy.model),
+            "warm_start": json(&exp.policy.warm_start),
+            "max_grad_norm": exp.ppo().max_grad_norm,
+            "kernels": json(&exp.kernels),
+            "backend": json(&exp.backend),
+        });
+        let warm_judge_inputs = serde_json::json!({
+            "policy": warm_policy_inputs.clone(),
+            "judge": exp.judge.model().map(|j| (json(&j.model), json(&j.warm_start))),
+            "sampling": json(&exp.policy.sampling),
+            "max_env_steps": exp.budget.max_env_steps,
+        });
+        Self {
+            warm_policy_inputs,
+            warm_judge_inputs,
+            name: exp.name.clone(),
+            resolved: exp.to_ron(),
+            warm_start: exp.policy.warm_start.clone(),
+            sampling: exp.policy.sampling.clone(),
+            judge: exp.judge.clone(),
+            reward: exp.reward.clone(),
+            ppo: exp.ppo().clone(),
+            budget: exp.budget.clone(),
+            kernels: exp.kernels.choice(),
+            start: exp.environment.plugin().start_difficulty(),
+            band: proposer.map_or((0.2, 0.8), |p| p.band()),
+            adaptive: proposer.is_some(),
+        }
+    }
+
+    fn judge_spec(&self) -> Option<&JudgeModelSpec> {
+        self.judge.model()
+    }
+}
+
+/// Everything besides weights and optimiser states that a checkpoint must hold.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct TrainerState {
+    step: usize,
+    task_rng: Rng,
+    rollout_rng: Rng,
+    judge_rng: Rng,
+    policy_mb_rng: Rng,
+    judge_mb_rng: Rng,
+    adapt_rng: Rng,
+    slots: Vec<AdaptSlot>,
+    counts: AdaptCounts,
+    proposer: serde_json::Value,
+}
+
+impl TrainerState {
+    fn fresh(seed: u64, slots: Vec<AdaptSlot>, proposer: &dyn Proposer) -> Self {
+        Self {
             step: 0,
             task_rng: Rng::derive(seed, "tasks"),
             rollout_rng: Rng::derive(seed, "rollout"),
@@ -294,599 +290,630 @@ where
             policy_mb_rng: Rng::derive(seed, "policy-minibatches"),
             judge_mb_rng: Rng::derive(seed, "judge-minibatches"),
             adapt_rng: Rng::derive(seed, "adaptation"),
-            slots: vec![AdaptSlot::new(exp.arith().difficulty.clone()); budget.tasks_per_step],
+            slots,
             counts: AdaptCounts::default(),
             proposer: proposer.state(),
+        }
+    }
+}
+
+type Optim<B, M> = OptimizerAdaptor<AdamW, M, B>;
+
+/// The run context: settings, components, learners, streams and the run directory.
+struct Run<'a, B: AutodiffLogProbOps, M: AutodiffModule<B>> {
+    cfg: Settings,
+    seed: u64,
+    env: &'a dyn Environment,
+    tok: &'a dyn Tokenizer,
+    proposer: Box<dyn Proposer>,
+    device: &'a B::Device,
+    opts: &'a TrainOptions,
+    dir: RunDir,
+    policy: M,
+    policy_optim: Optim<B, M>,
+    judge: Option<M>,
+    judge_optim: Optim<B, M>,
+    /// The frozen KL target (`KlTarget::Reference`).
+    reference: Option<M::InnerModule>,
+    /// The pre-update policy of the current step (rollouts and PPO's old log-probs).
+    old_policy: Option<M::InnerModule>,
+    state: TrainerState,
+    /// Rollout sampling (one step = one line).
+    params: SampleParams,
+    summary: RunSummary,
+}
+
+impl<'a, B, M> Run<'a, B, M>
+where
+    B: AutodiffLogProbOps,
+    M: CausalLm<B> + AutodiffModule<B>,
+    M::InnerModule: CausalLm<B::InnerBackend>,
+{
+    fn new(
+        cfg: Settings,
+        seed: u64,
+        parts: &Components<'a, M>,
+        policy: M,
+        device: &'a B::Device,
+        opts: &'a TrainOptions,
+        dir: RunDir,
+        proposer: Box<dyn Proposer>,
+    ) -> Self {
+        let adamw = AdamWConfig::new().with_weight_decay(cfg.ppo.weight_decay as f32);
+        let params = SampleParams {
+            temperature: cfg.sampling.temperature,
+            top_p: cfg.sampling.top_p,
+            max_new_tokens: cfg.sampling.max_step_tokens,
+            stop_tokens: vec![parts.tok.step_delimiter(), parts.tok.eos()],
         };
-        let (id, ood) = evaluate_all(
-            &mut m,
-            &run,
-            &policy.valid(),
-            judge.as_ref().map(|j| j.valid()).as_ref(),
-            env,
-            tok,
-            exp,
+        let slots = vec![AdaptSlot::new(cfg.start.clone()); cfg.budget.tasks_per_step];
+        let state = TrainerState::fresh(seed, slots, proposer.as_ref());
+        Self {
+            cfg,
             seed,
-            0,
-            opts.progress,
-        )?;
-        log_posterior(&run, proposer.as_ref(), &state.slots, 0)?;
-        summary.acc_id_start = Some(id);
-        summary.acc_ood_start = Some(ood);
-        run.log(&m)?;
-        save(
-            &run,
-            &state,
-            &policy,
-            &policy_optim,
-            judge.as_ref(),
-            &judge_optim,
-            reference.as_ref(),
-        )?;
+            env: parts.env,
+            tok: parts.tok,
+            proposer,
+            device,
+            opts,
+            dir,
+            policy,
+            policy_optim: adamw.init::<B, M>(),
+            judge: None,
+            judge_optim: adamw.init::<B, M>(),
+            reference: None,
+            old_policy: None,
+            state,
+            params,
+            summary: RunSummary {
+                last_step: 0,
+                acc_id_start: None,
+                acc_ood_start: None,
+                acc_id_end: None,
+                acc_ood_end: None,
+                interrupted: false,
+                warm_cached: 0,
+            },
+        }
+    }
+
+    /// A fresh run: warm starts, the step-0 evaluation and the first checkpoint.
+    fn warm_start(
+        cfg: Settings,
+        seed: u64,
+        mut parts: Components<'a, M>,
+        device: &'a B::Device,
+        opts: &'a TrainOptions,
+    ) -> Result<Self, TrainError> {
+        let dir = RunDir::create(&opts.run_dir, &cfg.resolved, &opts.meta)?;
+        let mut m = Metrics::new(0);
+        let cache = opts.warm_cache.as_ref().map(WarmCache::new);
+        let inputs = seeded(&cfg.warm_policy_inputs, seed);
+        let key = warmcache::key(&inputs);
+        let mut cached = 0;
+        let policy = match cache
+            .as_ref()
+            .and_then(|c| c.load(&key, parts.policy.clone(), device))
+        {
+            Some((policy, metrics)) => {
+                metrics.iter().for_each(|(k, v)| m.set(k, *v));
+                cached += 1;
+                policy
+            }
+            None => {
+                let (policy, loss) = warm_start(
+                    parts.policy.clone(),
+                    parts.env,
+                    parts.tok,
+                    &cfg.warm_start,
+                    cfg.ppo.max_grad_norm,
+                    &mut Rng::derive(seed, "warm-start"),
+                    opts.progress,
+                    cfg.kernels,
+                    device,
+                )
+                .map_err(non_finite(0, "policy warm-start"))?;
+                let mut metrics = BTreeMap::new();
+                if loss.is_finite() {
+                    metrics.insert("warm/policy_loss".to_string(), loss);
+                    m.set("warm/policy_loss", loss);
+                }
+                if let Some(c) = &cache {
+                    c.store(&key, &inputs, &policy, &metrics)?;
+                }
+                policy
+            }
+        };
+        let proposer = std::mem::replace(&mut parts.proposer, Box::new(crate::adapt::Static));
+        let fresh_judge = parts.judge.take();
+        let mut run = Self::new(cfg, seed, &parts, policy, device, opts, dir, proposer);
+        run.summary.warm_cached = cached;
+        run.judge = match fresh_judge {
+            Some(j) => Some(run.cached_judge_warm_start(j, &mut m, cache.as_ref())?),
+            None => None,
+        };
+        run.reference =
+            matches!(run.cfg.ppo.kl.target, KlTarget::Reference).then(|| run.policy.valid());
+        let (id, ood) = run.evaluate(&mut m, 0)?;
+        run.summary.acc_id_start = Some(id);
+        run.summary.acc_ood_start = Some(ood);
+        run.dir.log(&m)?;
+        run.save()?;
+        if let Some(o) = &opts.observer {
+            (o.0)(0, run.cfg.budget.steps);
+        }
         if opts.log_lines {
             eprintln!(
                 "[{} seed {seed}] warm start done | eval id {id:.3} ood {ood:.3}",
-                exp.name
+                run.cfg.name
             );
         }
-        (run, policy, judge, reference, state)
-    };
+        Ok(run)
+    }
 
-    let group_size = budget.group_size;
-    for step in state.step + 1..=budget.steps {
-        let t0 = Instant::now();
-        let mut m = Metrics::new(step);
-
-        // 1. Tasks: one fresh task per slot (and per pending proposal), shared by its group.
-        let mut groups: Vec<Group> = Vec::new();
-        let mut episodes = Vec::new();
-        for (k, slot) in state.slots.iter().enumerate() {
-            let mut draws = vec![(
-                Group {
-                    slot: k,
-                    pending: false,
-                },
-                slot.difficulty.clone(),
-            )];
-            if let Some(p) = &slot.pending {
-                draws.push((
-                    Group {
-                        slot: k,
-                        pending: true,
-                    },
-                    p.difficulty.clone(),
-                ));
-            }
-            for (g, d) in draws {
-                let task_seed = state.task_rng.next_u64();
-                for _ in 0..group_size {
-                    episodes.push((
-                        groups.len(),
-                        env.sample(&d, Split::Train, &mut Rng::new(task_seed)),
-                    ));
-                }
-                groups.push(g);
+    /// The judge's warm start, from the cache when an identical one was computed before.
+    fn cached_judge_warm_start(
+        &mut self,
+        judge: M,
+        m: &mut Metrics,
+        cache: Option<&WarmCache>,
+    ) -> Result<M, TrainError> {
+        let inputs = seeded(&self.cfg.warm_judge_inputs, self.seed);
+        let key = warmcache::key(&inputs);
+        if let Some((judge, metrics)) = cache.and_then(|c| c.load(&key, judge.clone(), self.device))
+        {
+            metrics.iter().for_each(|(k, v)| m.set(k, *v));
+            self.summary.warm_cached += 1;
+            return Ok(judge);
+        }
+        let mut fresh = Metrics::new(0);
+        let judge = self.warm_start_judge(judge, &mut fresh)?;
+        let mut metrics = BTreeMap::new();
+        for (k, v) in &fresh.0 {
+            if let Some(x) = v.as_f64().filter(|_| k.starts_with("warm/")) {
+                metrics.insert(k.clone(), x);
+                m.set(k, x);
             }
         }
+        if let Some(c) = cache {
+            c.store(&key, &inputs, &judge, &metrics)?;
+        }
+        Ok(judge)
+    }
 
-        // 2. Rollout with the pre-update policy.
-        let old_policy = policy.valid();
-        let pb = progress::bar(1, "rollout", opts.progress);
-        let trajs = rollout(
-            &old_policy,
-            tok,
+    /// The judge's warm start: supervised on oracle-labelled steps (with label noise) of the
+    /// warm-started policy's own rollouts.
+    fn warm_start_judge(&self, judge: M, m: &mut Metrics) -> Result<M, TrainError> {
+        let Some(spec) = self.cfg.judge_spec() else {
+            return Ok(judge);
+        };
+        let ws = &spec.warm_start;
+        let mut rng = Rng::derive(self.seed, "judge-warm-start");
+        let pool = judge::labelled_steps(
+            &self.policy.valid(),
+            self.env,
+            self.tok,
+            ws.labels,
+            ws.label_noise,
+            judge.max_seq_len(),
+            &self.params,
+            self.cfg.budget.max_env_steps,
+            &mut rng,
+        );
+        m.set("warm/judge_labels", pool.len() as f64);
+        m.set(
+            "warm/judge_pos_rate",
+            pool.iter().filter(|(_, l)| *l).count() as f64 / pool.len().max(1) as f64,
+        );
+        let examples: Vec<(Vec<u32>, Vec<bool>)> = pool
+            .iter()
+            .map(|(prompt, label)| {
+                let mut ids = prompt.clone();
+                ids.push(judge::verdict_token(self.tok, *label));
+                let mut target = vec![false; prompt.len()];
+                target.push(true);
+                (ids, target)
+            })
+            .collect();
+        let (judge, loss) = supervised(
+            judge,
+            self.tok,
+            ws.steps,
+            ws.lr,
+            self.cfg.ppo.max_grad_norm,
+            "judge warm",
+            self.opts.progress,
+            self.cfg.kernels,
+            self.device,
+            |_| {
+                (0..ws.batch.min(examples.len()))
+                    .map(|_| examples[rng.below(examples.len())].clone())
+                    .collect()
+            },
+        )
+        .map_err(non_finite(0, "judge warm-start"))?;
+        if loss.is_finite() {
+            m.set("warm/judge_loss", loss);
+        }
+        Ok(judge)
+    }
+
+    /// A resumed run: everything restored from the latest checkpoint.
+    fn resume(
+        cfg: Settings,
+        seed: u64,
+        mut parts: Components<'a, M>,
+        device: &'a B::Device,
+        opts: &'a TrainOptions,
+    ) -> Result<Self, TrainError> {
+        let dir = RunDir::open(&opts.run_dir, &cfg.resolved)?;
+        let ckpt = match &opts.checkpoint {
+            Some(name) => checkpoint::Reader::named(&dir.checkpoints(), name)?,
+            None => checkpoint::Reader::latest(&dir.checkpoints())?,
+        };
+        let reference = match cfg.ppo.kl.target {
+            KlTarget::Reference => Some(ckpt.module("reference", parts.policy.valid(), device)?),
+            KlTarget::Old => None,
+        };
+        let policy = ckpt.module("policy", parts.policy.clone(), device)?;
+        let proposer = std::mem::replace(&mut parts.proposer, Box::new(crate::adapt::Static));
+        let fresh_judge = parts.judge.take();
+        let mut run = Self::new(cfg, seed, &parts, policy, device, opts, dir, proposer);
+        run.reference = reference;
+        run.policy_optim = ckpt.optim("policy_optim", run.policy_optim, device)?;
+        if let Some(j) = fresh_judge {
+            run.judge_optim = ckpt.optim("judge_optim", run.judge_optim, device)?;
+            run.judge = Some(ckpt.module("judge", j, device)?);
+        }
+        run.state = ckpt.state()?;
+        run.proposer.load_state(run.state.proposer.clone())?;
+        run.dir.truncate_after(run.state.step)?;
+        Ok(run)
+    }
+
+    /// Phases 1–2: draw the tasks, then roll them out with the pre-update policy.
+    fn tasks_and_rollout(&mut self, batch: &mut StepBatch) -> Result<(), TrainError> {
+        let t = Instant::now();
+        let (groups, episodes) = step::draw_tasks(
+            &self.state.slots,
+            self.env,
+            self.cfg.budget.group_size,
+            &mut self.state.task_rng,
+        );
+        batch.groups = groups;
+        let old = self.policy.valid();
+        let pb = progress::bar(1, "rollout", self.opts.progress);
+        batch.trajs = rollout(
+            &old,
+            self.tok,
             episodes,
-            &params,
-            budget.max_env_steps,
-            &mut state.rollout_rng,
+            &self.params,
+            self.cfg.budget.max_env_steps,
+            &mut self.state.rollout_rng,
         );
         pb.finish_and_clear();
-        if trajs.iter().any(|t| !t.finite) {
+        self.old_policy = Some(old);
+        batch.timings.rollout_s = t.elapsed().as_secs_f64();
+        if batch.trajs.iter().any(|t| !t.finite) {
             return Err(TrainError::NonFinite {
-                step,
+                step: batch.step,
                 what: "policy's log-probability of a sampled token".into(),
             });
         }
-        let rollout_s = t0.elapsed().as_secs_f64();
-        let gen_tokens: usize = trajs.iter().map(Trajectory::generated_tokens).sum();
+        Ok(())
+    }
 
-        // 3. Outcome per group; the gate on pending proposals.
-        let mut members: Vec<Vec<usize>> = vec![Vec::new(); groups.len()];
-        for (i, t) in trajs.iter().enumerate() {
-            members[t.task].push(i);
-        }
-        let accs: Vec<f64> = members
-            .iter()
-            .map(|ix| accuracy(&ix.iter().map(|&i| trajs[i].outcome).collect::<Vec<_>>()))
-            .collect();
-        let mut used = vec![true; groups.len()];
-        let mut slot_acc: Vec<f64> = vec![0.0; state.slots.len()];
-        for (g, grp) in groups.iter().enumerate() {
-            let d = if grp.pending {
-                state.slots[grp.slot]
-                    .pending
-                    .as_ref()
-                    .map(|p| p.difficulty.clone())
-            } else {
-                Some(state.slots[grp.slot].difficulty.clone())
-            };
-            if let Some(difficulty) = d {
-                proposer.observe(Observation {
-                    difficulty,
-                    step,
-                    acc: accs[g],
-                    group_size,
-                });
-            }
-            if !grp.pending {
-                slot_acc[grp.slot] = accs[g];
-            }
-        }
-        for (g, grp) in groups.iter().enumerate().filter(|(_, grp)| grp.pending) {
-            let accepted =
-                state.slots[grp.slot].resolve(accs[g], band, &mut state.counts) == Some(true);
-            used[g] = accepted;
-            if accepted {
-                // The accepted task replaces the slot: its accuracy is the slot's now.
-                slot_acc[grp.slot] = accs[g];
-            }
-        }
+    /// Phase 3: outcomes, group accuracies, the proposer's observations and the gate.
+    fn outcome_and_gate(&mut self, batch: &mut StepBatch) {
+        let t = Instant::now();
+        step::outcome_and_gate(
+            batch,
+            &mut self.state.slots,
+            self.cfg.band,
+            self.proposer.as_mut(),
+            &mut self.state.counts,
+        );
+        batch.timings.proposer_s += t.elapsed().as_secs_f64();
+    }
 
-        // 4. Judging: m verdicts per step of every trajectory that will be used.
-        let judged: Vec<JudgedStep> = match (&judge, &judge_spec) {
-            (Some(j), Some(spec)) => {
-                let pb = progress::bar(1, "judge", opts.progress);
-                let kept: Vec<Trajectory> =
-                    trajs.iter().filter(|t| used[t.task]).cloned().collect();
-                let index: Vec<usize> = (0..trajs.len()).filter(|&i| used[trajs[i].task]).collect();
-                let mut out = judge::judge_steps(
-                    &j.valid(),
-                    tok,
-                    &kept,
-                    rw.votes,
-                    spec.temperature,
-                    &mut state.judge_rng,
-                );
-                for js in &mut out {
-                    js.traj = index[js.traj];
-                }
-                pb.finish_and_clear();
-                out
+    /// Phase 4: m verdicts per step of every used trajectory.
+    fn judging(&mut self, batch: &mut StepBatch) {
+        let t = Instant::now();
+        if let (Some(j), Some(spec)) = (&self.judge, self.cfg.judge.model()) {
+            let pb = progress::bar(1, "judge", self.opts.progress);
+            let index = step::used_trajectories(batch);
+            let kept: Vec<_> = index.iter().map(|&i| batch.trajs[i].clone()).collect();
+            let mut judged = judge::judge_steps(
+                &j.valid(),
+                self.tok,
+                &kept,
+                self.cfg.reward.votes,
+                spec.temperature,
+                &mut self.state.judge_rng,
+            );
+            for js in &mut judged {
+                js.traj = index[js.traj];
             }
-            _ => Vec::new(),
-        };
-        let verdicts = judge::by_trajectory(&judged, &trajs);
-
-        // 5a. Integrated reward per step; advantages per group and step index (policy band).
-        let step_reward: Vec<Vec<f64>> = trajs
-            .iter()
-            .zip(&verdicts)
-            .map(|(t, v)| {
-                v.iter()
-                    .map(|s| reward::integrated_reward(t.outcome, s, rw.lambda))
-                    .collect()
-            })
-            .collect();
-        let mut policy_samples: Vec<Sample> = Vec::new();
-        let mut kept_groups = 0;
-        for (g, ix) in members.iter().enumerate() {
-            if !used[g] || !in_band(accs[g], rw.policy_band) {
-                continue;
-            }
-            kept_groups += 1;
-            let rewards: Vec<Vec<f64>> = ix.iter().map(|&i| step_reward[i].clone()).collect();
-            for (adv, &i) in group_step_advantages(&rewards).into_iter().zip(ix) {
-                let units = trajs[i]
-                    .steps
-                    .iter()
-                    .zip(adv)
-                    .filter_map(|(s, a)| {
-                        a.map(|adv| Unit {
-                            start: s.start,
-                            end: s.end,
-                            adv,
-                        })
-                    })
-                    .collect();
-                policy_samples.push(Sample {
-                    tokens: trajs[i].tokens.clone(),
-                    units,
-                });
-            }
+            pb.finish_and_clear();
+            batch.judged = judged;
         }
+        batch.verdicts = judge::by_trajectory(&batch.judged, &batch.trajs);
+        batch.timings.judge_s = t.elapsed().as_secs_f64();
+    }
 
-        // 5b. Consistency reward per verdict; advantages over the m verdicts (judge band).
-        let mut judge_samples: Vec<Sample> = Vec::new();
-        if exp.judge.trained() {
-            for js in &judged {
-                let g = trajs[js.traj].task;
-                if !in_band(accs[g], rw.judge_band) {
-                    continue;
-                }
-                let r = step_reward[js.traj][js.step];
-                let Some(adv) = reward::verdict_advantages(r, &js.verdicts) else {
-                    continue;
-                };
-                for (token, a) in js.tokens.iter().zip(adv) {
-                    let mut tokens = js.prompt.clone();
-                    tokens.push(*token);
-                    let n = tokens.len();
-                    judge_samples.push(Sample {
-                        tokens,
-                        units: vec![Unit {
-                            start: n - 1,
-                            end: n,
-                            adv: a,
-                        }],
-                    });
-                }
-            }
+    /// Phase 5: the policy's advantages and (when the judge learns) the judge's samples.
+    fn rewards_and_advantages(&self, batch: &mut StepBatch) {
+        let rw = &self.cfg.reward;
+        step::policy_samples(batch, rw.lambda, rw.policy_band);
+        if self.cfg.judge.trained() {
+            step::judge_samples(batch, rw.judge_band);
         }
+    }
 
-        // 6. Updates: the policy, then the judge.
-        let t_update = Instant::now();
-        let policy_params = UpdateParams {
+    fn update_params(&self) -> UpdateParams {
+        let ppo = &self.cfg.ppo;
+        UpdateParams {
             clip: ppo.clip,
             kl_coef: ppo.kl.coef,
             estimator: ppo.kl.estimator,
             lr: ppo.lr,
             max_grad_norm: ppo.max_grad_norm,
             minibatches: ppo.policy_updates,
-            pad: tok.pad(),
-            kernels,
-        };
-        let target = reference.as_ref().unwrap_or(&old_policy);
-        let (p, policy_stats) = ppo_update(
-            policy,
-            &mut policy_optim,
-            &old_policy,
-            target,
-            &policy_samples,
-            &policy_params,
-            &mut state.policy_mb_rng,
-            "update",
-            opts.progress,
-            device,
-        )
-        .map_err(non_finite(step, "policy"))?;
-        policy = p;
-        // Only a learned judge is updated (a frozen one keeps its warm-start weights).
-        let mut judge_stats = None;
-        if exp.judge.trained()
-            && let (Some(j), Some(spec)) = (judge.take(), &judge_spec)
-        {
-            let old_judge = j.valid();
-            let params = UpdateParams {
-                lr: spec.lr,
-                minibatches: ppo.judge_updates,
-                ..policy_params.clone()
-            };
-            let (j, stats) = ppo_update(
-                j,
-                &mut judge_optim,
-                &old_judge,
-                &old_judge,
-                &judge_samples,
-                &params,
-                &mut state.judge_mb_rng,
-                "judge update",
-                opts.progress,
-                device,
-            )
-            .map_err(non_finite(step, "judge"))?;
-            judge = Some(j);
-            judge_stats = stats;
+            pad: self.tok.pad(),
+            kernels: self.cfg.kernels,
         }
-        let update_s = t_update.elapsed().as_secs_f64();
+    }
 
-        // 7. Adaptation: slots that are too easy or too hard get a proposal for the next step.
-        if adaptive {
-            for (k, slot) in state.slots.iter_mut().enumerate() {
-                let steps = members
+    /// Phase 6a: the policy's PPO update against its pre-update self (or the reference).
+    fn policy_update(&mut self, batch: &mut StepBatch) -> Result<(), TrainError> {
+        let t = Instant::now();
+        let old = self.old_policy.take().unwrap_or_else(|| self.policy.valid());
+        let target = self.reference.as_ref().unwrap_or(&old);
+        let params = self.update_params();
+        let (policy, stats) = ppo_update(
+            self.policy.clone(),
+            &mut self.policy_optim,
+            &old,
+            target,
+            &batch.policy_samples,
+            &params,
+            &mut self.state.policy_mb_rng,
+            "update",
+            self.opts.progress,
+            self.device,
+        )
+        .map_err(non_finite(batch.step, "policy"))?;
+        self.policy = policy;
+        batch.policy_stats = stats;
+        batch.timings.policy_update_s = t.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// Phase 6b: the judge's PPO update on the consistency samples (a frozen judge keeps its
+    /// warm-start weights).
+    fn judge_update(&mut self, batch: &mut StepBatch) -> Result<(), TrainError> {
+        let t = Instant::now();
+        let Some(spec) = self.cfg.judge.model().filter(|_| self.cfg.judge.trained()) else {
+            return Ok(());
+        };
+        let Some(judge) = self.judge.take() else {
+            return Ok(());
+        };
+        let old = judge.valid();
+        let params = UpdateParams {
+            lr: spec.lr,
+            minibatches: self.cfg.ppo.judge_updates,
+            ..self.update_params()
+        };
+        let (judge, stats) = ppo_update(
+            judge,
+            &mut self.judge_optim,
+            &old,
+            &old,
+            &batch.judge_samples,
+            &params,
+            &mut self.state.judge_mb_rng,
+            "judge update",
+            self.opts.progress,
+            self.device,
+        )
+        .map_err(non_finite(batch.step, "judge"))?;
+        self.judge = Some(judge);
+        batch.judge_stats = stats;
+        batch.timings.judge_update_s = t.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// Phase 7: new proposals for slots outside the band.
+    fn proposals(&mut self, batch: &mut StepBatch) {
+        let t = Instant::now();
+        if self.cfg.adaptive {
+            step::propose(
+                batch,
+                &mut self.state.slots,
+                self.env.difficulty_space().len(),
+                self.cfg.band,
+                self.proposer.as_mut(),
+                &mut self.state.adapt_rng,
+                &mut self.state.counts,
+            );
+        }
+        self.state.proposer = self.proposer.state();
+        batch.timings.proposer_s += t.elapsed().as_secs_f64();
+    }
+
+    /// Phase 8: metrics, evaluation, checkpoint.
+    fn bookkeeping(&mut self, batch: &mut StepBatch, t0: Instant) -> Result<(), TrainError> {
+        let step = batch.step;
+        let budget = &self.cfg.budget;
+        let (steps, eval_every, ckpt_every) =
+            (budget.steps, budget.eval_every, budget.checkpoint_every);
+        let mut m = Metrics::new(step);
+        let names: Vec<String> = self
+            .env
+            .difficulty_space()
+            .into_iter()
+            .map(|d| d.name)
+            .collect();
+        step::step_metrics(&mut m, batch, &self.state.slots, &names, &self.state.counts);
+        if step % eval_every == 0 || step == steps {
+            let t = Instant::now();
+            let (id, ood) = self.evaluate(&mut m, step)?;
+            self.summary.acc_id_end = Some(id);
+            self.summary.acc_ood_end = Some(ood);
+            batch.timings.eval_s = t.elapsed().as_secs_f64();
+        }
+        set_perf(&mut m, batch, t0);
+        self.dir.log(&m)?;
+        self.state.step = step;
+        self.summary.last_step = step;
+        if self.opts.log_lines {
+            eprintln!(
+                "[{} seed {}] {}",
+                self.cfg.name,
+                self.seed,
+                plain_line(&m, steps)
+            );
+        }
+        if step % ckpt_every == 0 || step == steps {
+            self.save()?;
+        }
+        if let Some(o) = &self.opts.observer {
+            (o.0)(step, steps);
+        }
+        Ok(())
+    }
+
+    /// Writes one checkpoint of everything the loop needs to continue.
+    fn save(&self) -> Result<(), CheckpointError> {
+        let w = checkpoint::Writer::begin(&self.dir.checkpoints(), self.state.step)?;
+        w.module("policy", &self.policy)?;
+        w.optim::<B, M, Optim<B, M>>("policy_optim", &self.policy_optim)?;
+        if let Some(j) = &self.judge {
+            w.module("judge", j)?;
+            w.optim::<B, M, Optim<B, M>>("judge_optim", &self.judge_optim)?;
+        }
+        if let Some(r) = &self.reference {
+            w.module::<B::InnerBackend, M::InnerModule>("reference", r)?;
+        }
+        w.state(&self.state)?;
+        w.commit(2)
+    }
+
+    /// Greedy evaluation on both splits into `m` (and the judge's quality on the in-domain
+    /// trajectories); also writes a few decoded samples and the proposer's posterior.
+    fn evaluate(&self, m: &mut Metrics, step: usize) -> Result<(f64, f64), TrainError> {
+        let (b, seed) = (&self.cfg.budget, self.seed);
+        let mst = self.cfg.sampling.max_step_tokens;
+        let policy = self.policy.valid();
+        let mut pb = progress::bar(3, "eval", self.opts.progress);
+        let run_split = |split| {
+            evaluate(
+                &policy,
+                self.env,
+                self.tok,
+                split,
+                &self.cfg.start,
+                b.eval_tasks,
+                seed,
+                mst,
+                b.max_env_steps,
+            )
+        };
+        let id = run_split(Split::Eval);
+        pb.inc(1);
+        let ood = run_split(Split::Ood);
+        pb.inc(1);
+        m.set("eval/acc_id", id.accuracy);
+        m.set("eval/acc_ood", ood.accuracy);
+        m.set("eval/step_acc_id", id.step_accuracy);
+        m.set("eval/step_acc_ood", ood.step_accuracy);
+        let mut judged_id = Vec::new();
+        if let (Some(j), Some(spec)) = (&self.judge, self.cfg.judge.model()) {
+            // A stream per evaluation step: evaluations never disturb the training streams.
+            let mut rng = Rng::derive(seed ^ step as u64, "judge-eval");
+            judged_id = judge::judge_steps(
+                &j.valid(),
+                self.tok,
+                &id.trajectories,
+                self.cfg.reward.votes,
+                spec.temperature,
+                &mut rng,
+            );
+            let q = judge::quality(&judged_id, &id.trajectories);
+            m.set("judge/process_acc", q.process_acc);
+            m.set("judge/process_acc_pos", q.process_acc_pos);
+            m.set("judge/process_acc_neg", q.process_acc_neg);
+            m.set("judge/outcome_acc", q.outcome_acc);
+        }
+        pb.finish_and_clear();
+        let verdicts = judge::by_trajectory(&judged_id, &id.trajectories);
+        for (split, r) in [("id", &id), ("ood", &ood)] {
+            for (ti, t) in r.trajectories.iter().enumerate().take(2) {
+                let steps: Vec<serde_json::Value> = t
+                    .steps
                     .iter()
                     .enumerate()
-                    .filter(|(g, _)| groups[*g].slot == k && used[*g])
-                    .flat_map(|(_, ix)| ix.iter())
-                    .flat_map(|&i| {
-                        trajs[i]
-                            .steps
-                            .iter()
-                            .zip(&verdicts[i])
-                            .map(|(s, v)| (reward::all_negative(v), s.blame.as_slice()))
-                    });
-                let feedback = CriticFeedback::from_steps(dims.len(), steps);
-                slot.maybe_propose(
-                    slot_acc[k],
-                    band,
-                    &feedback,
-                    step,
-                    proposer.as_mut(),
-                    &mut state.adapt_rng,
-                    &mut state.counts,
-                );
+                    .map(|(si, s)| {
+                        let v = if split == "id" {
+                            verdicts[ti].get(si).cloned().unwrap_or_default()
+                        } else {
+                            Vec::new()
+                        };
+                        serde_json::json!({"text": s.text, "oracle": s.oracle, "verdicts": v})
+                    })
+                    .collect();
+                self.dir.sample(&serde_json::json!({
+                    "step": step, "split": split, "prompt": t.prompt, "steps": steps, "outcome": t.outcome,
+                }))?;
             }
         }
-        state.proposer = proposer.state();
+        self.log_posterior(step)?;
+        Ok((id.accuracy, ood.accuracy))
+    }
 
-        // 8. Bookkeeping.
-        let main_accs: Vec<f64> = groups
-            .iter()
-            .zip(&accs)
-            .filter(|(g, _)| !g.pending)
-            .map(|(_, a)| *a)
+    /// Appends the proposer's posterior (if it has a model) to `posterior.jsonl`.
+    fn log_posterior(&self, step: usize) -> Result<(), TrainError> {
+        let slots = &self.state.slots;
+        let Some(k) = slots.first().map(|s| s.difficulty.len()) else {
+            return Ok(());
+        };
+        let center: Vec<f64> = (0..k)
+            .map(|d| slots.iter().map(|s| s.difficulty[d]).sum::<f64>() / slots.len() as f64)
             .collect();
-        let step_labels: Vec<bool> = trajs
-            .iter()
-            .flat_map(|t| t.steps.iter().map(|s| s.oracle))
-            .collect();
-        m.set(
-            "env/acc_mean",
-            main_accs.iter().sum::<f64>() / main_accs.len().max(1) as f64,
-        );
-        m.set("env/step_acc", accuracy(&step_labels));
-        for (d, dim) in dims.iter().enumerate() {
-            let mean =
-                state.slots.iter().map(|s| s.difficulty[d]).sum::<f64>() / state.slots.len() as f64;
-            m.set(&format!("env/difficulty/{}", dim.name), mean);
+        if let Some(p) = self.proposer.posterior(&center, step, 11) {
+            let mut v = serde_json::to_value(&p).unwrap_or_default();
+            if let serde_json::Value::Object(o) = &mut v {
+                o.insert("step".into(), step.into());
+                o.insert("center".into(), serde_json::json!(center));
+            }
+            self.dir.append("posterior.jsonl", &v)?;
         }
-        m.set("env/proposals", state.counts.proposals as f64);
-        m.set("env/accepted", state.counts.accepted as f64);
-        m.set("env/rejected", state.counts.rejected as f64);
-        m.set("policy/kept_groups", kept_groups as f64);
-        m.set(
-            "rollout/gen_tokens_mean",
-            gen_tokens as f64 / trajs.len().max(1) as f64,
-        );
-        let all_rewards: Vec<f64> = step_reward.iter().flatten().copied().collect();
-        m.set(
-            "reward/step_mean",
-            all_rewards.iter().sum::<f64>() / all_rewards.len().max(1) as f64,
-        );
-        let all_adv: Vec<f64> = policy_samples
-            .iter()
-            .flat_map(|s| s.units.iter().map(|u| u.adv))
-            .collect();
-        set_stats(&mut m, "policy", policy_stats.as_ref());
-        if policy_stats.is_some() {
-            m.set("policy/adv_std", std_dev(&all_adv));
-        }
-        if !judged.is_empty() {
-            let all: Vec<Verdict> = judged
-                .iter()
-                .flat_map(|j| j.verdicts.iter().copied())
-                .collect();
-            let n = all.len().max(1) as f64;
-            m.set(
-                "judge/format_fail",
-                all.iter().filter(|&&v| v == 0).count() as f64 / n,
-            );
-            m.set(
-                "judge/verdict_pos_rate",
-                all.iter().filter(|&&v| v == 1).count() as f64 / n,
-            );
-            m.set("judge/train_samples", judge_samples.len() as f64);
-            set_stats(&mut m, "judge", judge_stats.as_ref());
-        }
-        if step % budget.eval_every == 0 || step == budget.steps {
-            let judge_inner = judge.as_ref().map(|j| j.valid());
-            let (id, ood) = evaluate_all(
-                &mut m,
-                &run,
-                &policy.valid(),
-                judge_inner.as_ref(),
-                env,
-                tok,
-                exp,
-                seed,
-                step,
-                opts.progress,
-            )?;
-            log_posterior(&run, proposer.as_ref(), &state.slots, step)?;
-            summary.acc_id_end = Some(id);
-            summary.acc_ood_end = Some(ood);
-        }
-        let trained_tokens = policy_stats.as_ref().map_or(0, |s| s.tokens)
-            + judge_stats.as_ref().map_or(0, |s| s.tokens);
-        m.set("perf/step_s", t0.elapsed().as_secs_f64());
-        m.set(
-            "perf/rollout_tok_s",
-            gen_tokens as f64 / rollout_s.max(1e-9),
-        );
-        m.set(
-            "perf/train_tok_s",
-            trained_tokens as f64 / update_s.max(1e-9),
-        );
-        run.log(&m)?;
-        state.step = step;
-        summary.last_step = step;
-        if opts.log_lines {
-            eprintln!(
-                "[{} seed {seed}] {}",
-                exp.name,
-                plain_line(&m, budget.steps)
-            );
-        }
-        if step % budget.checkpoint_every == 0 || step == budget.steps {
-            save(
-                &run,
-                &state,
-                &policy,
-                &policy_optim,
-                judge.as_ref(),
-                &judge_optim,
-                reference.as_ref(),
-            )?;
-        }
-        if opts.stop_after == Some(step) && step < budget.steps {
-            summary.interrupted = true;
-            break;
-        }
-    }
-    Ok(summary)
-}
-
-/// Writes one checkpoint of everything the loop needs to continue.
-#[allow(clippy::too_many_arguments)]
-fn save<B, M, O>(
-    run: &RunDir,
-    state: &TrainerState,
-    policy: &M,
-    policy_optim: &O,
-    judge: Option<&M>,
-    judge_optim: &O,
-    reference: Option<&M::InnerModule>,
-) -> Result<(), CheckpointError>
-where
-    B: AutodiffBackend,
-    M: AutodiffModule<B>,
-    O: burn::optim::Optimizer<M, B>,
-{
-    let w = checkpoint::Writer::begin(&run.checkpoints(), state.step)?;
-    w.module("policy", policy)?;
-    w.optim::<B, M, O>("policy_optim", policy_optim)?;
-    if let Some(j) = judge {
-        w.module("judge", j)?;
-        w.optim::<B, M, O>("judge_optim", judge_optim)?;
-    }
-    if let Some(r) = reference {
-        w.module::<B::InnerBackend, M::InnerModule>("reference", r)?;
-    }
-    w.state(state)?;
-    w.commit(2)
-}
-
-fn set_stats(m: &mut Metrics, who: &str, stats: Option<&UpdateStats>) {
-    if let Some(s) = stats {
-        m.set(&format!("{who}/loss"), s.loss);
-        m.set(&format!("{who}/kl"), s.kl);
-        m.set(&format!("{who}/clipfrac"), s.clipfrac);
-        m.set(&format!("{who}/grad_norm"), s.grad_norm);
-        m.set(&format!("{who}/entropy"), s.entropy);
-        m.set(&format!("{who}/updates"), s.updates as f64);
+        Ok(())
     }
 }
 
-/// Greedy evaluation on both splits into `m` (and the judge's quality on the in-domain
-/// trajectories); also writes a few decoded samples.
-#[allow(clippy::too_many_arguments)]
-fn evaluate_all<B: Backend, M: CausalLm<B>>(
-    m: &mut Metrics,
-    run: &RunDir,
-    policy: &M,
-    judge: Option<&M>,
-    env: &dyn Environment,
-    tok: &dyn Tokenizer,
-    exp: &Experiment,
-    seed: u64,
-    step: usize,
-    show_progress: bool,
-) -> Result<(f64, f64), TrainError> {
-    let d = &exp.arith().difficulty;
-    let b = &exp.budget;
-    let mst = exp.policy.sampling.max_step_tokens;
-    let mut pb = progress::bar(3, "eval", show_progress);
-    let id = evaluate(
-        policy,
-        env,
-        tok,
-        Split::Eval,
-        d,
-        b.eval_tasks,
-        seed,
-        mst,
-        b.max_env_steps,
-    );
-    pb.inc(1);
-    let ood = evaluate(
-        policy,
-        env,
-        tok,
-        Split::Ood,
-        d,
-        b.eval_tasks,
-        seed,
-        mst,
-        b.max_env_steps,
-    );
-    pb.inc(1);
-    m.set("eval/acc_id", id.accuracy);
-    m.set("eval/acc_ood", ood.accuracy);
-    m.set("eval/step_acc_id", id.step_accuracy);
-    m.set("eval/step_acc_ood", ood.step_accuracy);
-    let mut judged_id = Vec::new();
-    if let (Some(j), JudgeSpec::Frozen(spec) | JudgeSpec::Learned(spec)) = (judge, &exp.judge) {
-        // A stream per evaluation step: evaluations never disturb the training streams.
-        let mut rng = Rng::derive(seed ^ step as u64, "judge-eval");
-        judged_id = judge::judge_steps(
-            j,
-            tok,
-            &id.trajectories,
-            exp.reward.votes,
-            spec.temperature,
-            &mut rng,
-        );
-        let q = judge::quality(&judged_id, &id.trajectories);
-        m.set("judge/process_acc", q.process_acc);
-        m.set("judge/process_acc_pos", q.process_acc_pos);
-        m.set("judge/process_acc_neg", q.process_acc_neg);
-        m.set("judge/outcome_acc", q.outcome_acc);
-    }
-    pb.finish_and_clear();
-    let verdicts = judge::by_trajectory(&judged_id, &id.trajectories);
-    for (split, r) in [("id", &id), ("ood", &ood)] {
-        for (ti, t) in r.trajectories.iter().enumerate().take(2) {
-            let steps: Vec<serde_json::Value> = t
-                .steps
-                .iter()
-                .enumerate()
-                .map(|(si, s)| {
-                    let v = if split == "id" {
-                        verdicts[ti].get(si).cloned().unwrap_or_default()
-                    } else {
-                        Vec::new()
-                    };
-                    serde_json::json!({"text": s.text, "oracle": s.oracle, "verdicts": v})
-                })
-                .collect();
-            run.sample(&serde_json::json!({
-                "step": step, "split": split, "prompt": t.prompt, "steps": steps, "outcome": t.outcome,
-            }))?;
-        }
-    }
-    Ok((id.accuracy, ood.accuracy))
+/// `inputs` with the seed added: the cache key of one run's warm start.
+fn seeded(inputs: &serde_json::Value, seed: u64) -> serde_json::Value {
+    serde_json::json!({ "seed": seed, "inputs": inputs })
 }
 
-/// Appends the proposer's posterior (if it has a model) to `posterior.jsonl`.
-fn log_posterior(
-    run: &RunDir,
-    proposer: &dyn Proposer,
-    slots: &[AdaptSlot],
-    step: usize,
-) -> Result<(), TrainError> {
-    let Some(k) = slots.first().map(|s| s.difficulty.len()) else {
-        return Ok(());
-    };
-    let center: Vec<f64> = (0..k)
-        .map(|d| slots.iter().map(|s| s.difficulty[d]).sum::<f64>() / slots.len() as f64)
-        .collect();
-    if let Some(p) = proposer.posterior(&center, step, 11) {
-        let mut v = serde_json::to_value(&p).unwrap_or_default();
-        if let serde_json::Value::Object(o) = &mut v {
-            o.insert("step".into(), step.into());
-            o.insert("center".into(), serde_json::json!(center));
-        }
-        run.append("posterior.jsonl", &v)?;
-    }
-    Ok(())
-}
-
-fn std_dev(xs: &[f64]) -> f64 {
-    if xs.is_empty() {
-        return 0.0;
-    }
-    let n = xs.len() as f64;
-    let mean = xs.iter().sum::<f64>() / n;
-    (xs.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n).sqrt()
+/// The wall-clock metrics (`perf/*`: the only keys that differ between two runs of a seed).
+fn set_perf(m: &mut Metrics, batch: &StepBatch, t0: Instant) {
+    let t = &batch.timings;
+    let gen_tokens = batch.generated_tokens();
+    let trained = batch.policy_stats.as_ref().map_or(0, |s| s.tokens)
+        + batch.judge_stats.as_ref().map_or(0, |s| s.tokens);
+    let update_s = t.policy_update_s + t.judge_update_s;
+    m.set("perf/step_s", t0.elapsed().as_secs_f64());
+    m.set("perf/rollout_s", t.rollout_s);
+    m.set("perf/judge_s", t.judge_s);
+    m.set("perf/policy_update_s", t.policy_update_s);
+    m.set("perf/judge_update_s", t.judge_update_s);
+    m.set("perf/proposer_s", t.proposer_s);
+    m.set("perf/eval_s", t.eval_s);
+    m.set("perf/rollout_tok_s", gen_tokens as f64 / t.rollout_s.max(1e-9));
+    m.set("perf/train_tok_s", trained as f64 / update_s.max(1e-9));
 }
 
 fn plain_line(m: &Metrics, steps: usize) -> String {

@@ -1,4 +1,4 @@
-//! Supervised warm start of the policy on expert demonstrations (design.md, "Warm start").
+//! Supervised warm start of the policy on expert demonstrations (framework/METHOD.md, "Warm starts").
 //!
 //! The environment writes demonstrations with its own flawed-expert noise, so the
 //! warm-started policy starts mid-range, as a pretrained LLM does in the paper. Loss: mean
@@ -8,10 +8,10 @@ use crate::batch::{host_tensor, sequence_logprobs, token_batch};
 use crate::env::Environment;
 use crate::experiment::WarmStart;
 use crate::lm::{CausalLm, Tokenizer};
-use crate::optim;
+use crate::ppo::clip as optim;
 use crate::progress;
 use crate::rng::Rng;
-use crate::update::NonFinite;
+use crate::ppo::NonFinite;
 use burn::module::AutodiffModule;
 use burn::optim::AdamWConfig;
 use burn::prelude::*;

@@ -90,21 +90,3 @@ impl core::str::FromStr for KernelChoice {
         }
     }
 }
-
-/// [`KernelChoice::token_logprobs`] as a free function.
-pub fn token_logprobs_with<B: LogProbOps>(
-    choice: KernelChoice,
-    logits: Tensor<B, 2>,
-    targets: Tensor<B, 1, Int>,
-) -> Tensor<B, 1> {
-    choice.token_logprobs(logits, targets)
-}
-
-/// [`KernelChoice::kl_full`] as a free function.
-pub fn kl_full_with<B: LogProbOps>(
-    choice: KernelChoice,
-    p_logits: Tensor<B, 2>,
-    q_logits: Tensor<B, 2>,
-) -> Tensor<B, 1> {
-    choice.kl_full(p_logits, q_logits)
-}

@@ -990,10 +990,6 @@ impl<B: Backend> CausalLm<B> for Transformer<B> {
         out
     }
 
-    fn vocab_size(&self) -> usize {
-        self.config.vocab_size
-    }
-
     fn max_seq_len(&self) -> usize {
         self.config.max_seq_len
     }

@@ -1,4 +1,4 @@
-//! The `Gp` proposer (method.md step 7): a Gaussian-process surrogate of the policy's accuracy
+//! The `Gp` proposer (framework/METHOD.md step 7): a Gaussian-process surrogate of the policy's accuracy
 //! over (difficulty vector, training step), on egobox-gp.
 //!
 //! **Model.** Kriging with a constant mean and a Matérn-5/2 correlation on `logit(acc)`; the
@@ -14,12 +14,12 @@
 //! 4× worse than `Threshold`). Our difficulty vectors are built so that larger is harder, so the
 //! GP models the residual `logit(acc) + prior_slope · mean(d)` (constant mean fitted, Matérn-5/2);
 //! the prediction adds the trend back. The data correct a wrong slope: slopes 2 to 8 all beat
-//! `Threshold` on synthetic true slopes 3, 6 and 12; [`GpConfig::prior_slope`] = 0 gives the
+//! `Threshold` on synthetic true slopes 3, 6 and 12; [`GpSpec::prior_slope`] = 0 gives the
 //! plain constant-mean GP.
 //!
 //! **Fading.** egobox standardises every input column, so scaling the step input would change
 //! nothing. Instead the correlation length along `t` is *fixed* (not fitted) at
-//! [`GpConfig::time_scale`] (in units of the run): two observations `time_scale · total_steps`
+//! [`GpSpec::time_scale`] (in units of the run): two observations `time_scale · total_steps`
 //! steps apart correlate at ≈ 0.52, at twice that ≈ 0.14, so old observations fade as the
 //! policy improves. The correlation lengths along the difficulty dimensions are fitted by
 //! maximum likelihood (egobox's multistart COBYLA).
@@ -48,6 +48,8 @@ use egobox_gp::{GaussianProcess, ThetaTuning};
 use linfa::prelude::{Dataset, Fit};
 use ndarray::{Array1, Array2};
 use rlany_framework::Rng;
+use rlany_framework::check::{self, Checked};
+use rlany_framework::plugin::{ProposerContext, ProposerPlugin};
 use rlany_framework::adapt::{
     AdaptError, CriticFeedback, Direction, Observation, Posterior, PosteriorSlice, Proposer,
     clamp_unit, threshold_move,
@@ -64,15 +66,21 @@ pub enum Acquisition {
     /// Upper confidence bound on the learning signal `p(1−p)`: maximise
     /// `p(1−p) + beta·sd_p` among candidates predicted inside the band.
     Ucb {
-        /// Exploration weight.
+        /// Exploration weight (default 2).
+        #[serde(default = "default_beta")]
         beta: f64,
     },
 }
 
-/// Hyperparameters of the [`Gp`] proposer.
+fn default_beta() -> f64 {
+    2.0
+}
+
+/// The `Gp` settings of an experiment file (`adaptation: Gp(target: 0.5, ...)`): the
+/// hyperparameters of the [`Gp`] proposer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct GpConfig {
+pub struct GpSpec {
     /// Accuracy the proposer aims for (band centre).
     pub target: f64,
     /// `(α_low, α_high)`: the UCB acquisition only considers candidates predicted inside it.
@@ -84,8 +92,6 @@ pub struct GpConfig {
     /// Correlation length along the normalised step `step / total_steps` (fixed, not fitted):
     /// how fast old observations fade. Non-positive or non-finite: effectively no fading (1e6).
     pub time_scale: f64,
-    /// Total training steps of the run (normalises the step input).
-    pub total_steps: usize,
     /// Cap on stored observations; the oldest are dropped first.
     pub max_observations: usize,
     /// Nugget: noise variance as a fraction of the process variance (≥ 1e-8).
@@ -98,7 +104,7 @@ pub struct GpConfig {
     pub n_start: usize,
 }
 
-impl Default for GpConfig {
+impl Default for GpSpec {
     fn default() -> Self {
         Self {
             target: 0.5,
@@ -106,12 +112,35 @@ impl Default for GpConfig {
             acquisition: Acquisition::Nearest,
             candidates: 256,
             time_scale: 0.25,
-            total_steps: 200,
             max_observations: 200,
             nugget: 0.1,
             prior_slope: 4.0,
             n_start: 4,
         }
+    }
+}
+
+impl ProposerPlugin for GpSpec {
+    fn validate(&self) -> Checked {
+        check::real("target", self.target, 0.0, 1.0)?;
+        check::band("band", self.band)?;
+        check::count("candidates", self.candidates, 1, 1 << 16)?;
+        check::count("max_observations", self.max_observations, 3, 10_000)?;
+        if let Acquisition::Ucb { beta } = self.acquisition {
+            check::real("acquisition.beta", beta, 0.0, 1e3)?;
+        }
+        check::real("time_scale", self.time_scale, 0.0, 1e6)?;
+        check::real("nugget", self.nugget, 1e-8, 1e3)?;
+        check::real("prior_slope", self.prior_slope, 0.0, 100.0)?;
+        check::count("n_start", self.n_start, 0, 64)
+    }
+
+    fn band(&self) -> (f64, f64) {
+        self.band
+    }
+
+    fn build(&self, ctx: &ProposerContext) -> Box<dyn Proposer> {
+        Box::new(Gp::new(self.clone(), ctx.total_steps))
     }
 }
 
@@ -141,7 +170,9 @@ enum Status {
 
 /// Gaussian-process proposer (see the module docs).
 pub struct Gp {
-    config: GpConfig,
+    config: GpSpec,
+    /// Training steps of the run (normalises the step input).
+    total_steps: usize,
     observations: Vec<Observation>,
     /// Warm start of the next fit: the difficulty thetas of the last successful fit.
     warm: Option<Vec<f64>>,
@@ -179,10 +210,11 @@ struct Data {
 }
 
 impl Gp {
-    /// A proposer with no observations yet.
-    pub fn new(config: GpConfig) -> Self {
+    /// A proposer with no observations yet, for a run of `total_steps` training steps.
+    pub fn new(config: GpSpec, total_steps: usize) -> Self {
         Self {
             config,
+            total_steps,
             observations: Vec::new(),
             warm: None,
             status: Status::Stale,
@@ -191,7 +223,7 @@ impl Gp {
     }
 
     /// The configuration.
-    pub fn config(&self) -> &GpConfig {
+    pub fn config(&self) -> &GpSpec {
         &self.config
     }
 
@@ -209,7 +241,7 @@ impl Gp {
     }
 
     fn time_input(&self, step: usize) -> f64 {
-        step as f64 / self.config.total_steps.max(1) as f64
+        step as f64 / self.total_steps.max(1) as f64
     }
 
     /// The fixed prior trend at difficulty `d` (on the logit scale).
@@ -503,10 +535,6 @@ fn bits_to_f64s(v: &Value) -> Option<Vec<f64>> {
 }
 
 impl Proposer for Gp {
-    fn name(&self) -> &str {
-        "gp"
-    }
-
     fn observe(&mut self, obs: Observation) {
         if !obs.acc.is_finite() || obs.difficulty.iter().any(|x| !x.is_finite()) {
             return;
@@ -580,6 +608,7 @@ impl Proposer for Gp {
         json!({
             "format": "gp-v1 (floats as IEEE-754 bit patterns)",
             "config": serde_json::to_value(&self.config).unwrap_or(Value::Null),
+            "total_steps": self.total_steps,
             "observations": observations,
             "warm": self.warm.as_deref().map(f64s_to_bits),
             "status": status,
@@ -710,7 +739,7 @@ mod tests {
         (true_acc(d) - 0.5).abs() <= 0.15
     }
 
-    /// The adaptation loop of method.md for one slot starting at d = [0, 0]; returns the number
+    /// The adaptation loop of framework/METHOD.md for one slot starting at d = [0, 0]; returns the number
     /// of proposals made until the slot's (true) accuracy is in the target band, if reached
     /// within `max_steps` training steps.
     fn simulate(proposer: &mut dyn Proposer, seed: u64, max_steps: usize) -> Option<usize> {
@@ -753,11 +782,8 @@ mod tests {
         in_target_band(&current).then_some(proposals)
     }
 
-    fn gp_config() -> GpConfig {
-        GpConfig {
-            total_steps: 100,
-            ..GpConfig::default()
-        }
+    fn gp_config() -> GpSpec {
+        GpSpec::default()
     }
 
     #[test]
@@ -769,7 +795,7 @@ mod tests {
         let mut th_counts = Vec::new();
         let started = std::time::Instant::now();
         for seed in 0..seeds {
-            let mut gp = Gp::new(gp_config());
+            let mut gp = Gp::new(gp_config(), 100);
             let g = simulate(&mut gp, seed, max_steps);
             let mut th = Threshold { step: 0.1 };
             let t = simulate(&mut th, seed, max_steps);
@@ -799,10 +825,10 @@ mod tests {
     fn gp_ucb_reaches_target_band() {
         let mut counts = Vec::new();
         for seed in 0..5u64 {
-            let mut gp = Gp::new(GpConfig {
+            let mut gp = Gp::new(GpSpec {
                 acquisition: Acquisition::Ucb { beta: 2.0 },
                 ..gp_config()
-            });
+            }, 100);
             counts.push(simulate(&mut gp, 100 + seed, 60).unwrap_or(61));
         }
         eprintln!("gp ucb proposals: {counts:?}");
@@ -811,7 +837,7 @@ mod tests {
 
     /// A Gp with some history on the synthetic function (several difficulties, 12 steps).
     fn trained_gp(seed: u64) -> (Gp, Rng) {
-        let mut gp = Gp::new(gp_config());
+        let mut gp = Gp::new(gp_config(), 100);
         let mut env = Rng::derive(seed, "env");
         for step in 0..12 {
             let d = vec![step as f64 / 11.0, (step % 4) as f64 / 3.0];
@@ -833,7 +859,7 @@ mod tests {
         let (mut a, mut rng_a) = trained_gp(3);
         for round in 0..2 {
             let json = serde_json::to_string(&a.state()).expect("serialise");
-            let mut b = Gp::new(gp_config());
+            let mut b = Gp::new(gp_config(), 100);
             b.load_state(serde_json::from_str(&json).expect("parse"))
                 .expect("load");
             let mut rng_b = rng_a.clone();
@@ -850,7 +876,7 @@ mod tests {
             assert!(a.theta().is_some(), "the model was fitted");
             assert_eq!(a.state(), b.state());
         }
-        assert!(Gp::new(gp_config()).load_state(Value::Null).is_err());
+        assert!(Gp::new(gp_config(), 100).load_state(Value::Null).is_err());
     }
 
     #[test]
@@ -894,7 +920,7 @@ mod tests {
             }
         }
         // No model yet: no posterior; no panic on degenerate input.
-        let empty = Gp::new(gp_config());
+        let empty = Gp::new(gp_config(), 100);
         assert!(empty.posterior(&[0.5, 0.5], 0, 5).is_none());
     }
 
@@ -902,7 +928,7 @@ mod tests {
     fn gp_falls_back_without_data_and_never_panics() {
         let fb = CriticFeedback::default();
         let mut rng = Rng::new(9);
-        let mut gp = Gp::new(gp_config());
+        let mut gp = Gp::new(gp_config(), 100);
         let d = gp.propose(&[0.3, 0.3], 1.0, Direction::Harder, &fb, 0, &mut rng);
         assert!((d[0] - 0.4).abs() < 1e-12 && (d[1] - 0.4).abs() < 1e-12);
         // Same difficulty observed many times: fewer than 2 distinct points -> fallback.
@@ -942,7 +968,7 @@ mod tests {
             steps: 3,
         };
         let d =
-            Gp::new(gp_config()).propose(&[0.5, 0.5], 1.0, Direction::Harder, &fb1, 0, &mut rng);
+            Gp::new(gp_config(), 100).propose(&[0.5, 0.5], 1.0, Direction::Harder, &fb1, 0, &mut rng);
         assert_eq!(d, vec![0.5, 0.6]);
     }
 }

@@ -1,5 +1,5 @@
 //! Gradient handling shared by every update: global-norm clipping (Burn's own clipping is
-//! per parameter; method.md asks for the global norm) and one AdamW step.
+//! per parameter; framework/METHOD.md asks for the global norm) and one AdamW step.
 
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::{GradientsParams, Optimizer};

@@ -1,12 +1,36 @@
-//! The PPO-clip objective with a per-token KL penalty (method.md, step 6).
+//! The PPO-clip objective with a per-token KL penalty (framework/METHOD.md, step 6).
 //!
 //! Every tensor here is `[batch, seq]` over the target tokens of a right-padded batch;
 //! `weight` is zero on tokens that are not trained (prompt, observations, padding, dropped
 //! steps) and `1 / (tokens in the step) / (steps in the minibatch)` on the others, so the
 //! loss is the per-token surrogate averaged over each step's tokens, then over steps.
 
-use crate::experiment::KlEstimator;
 use burn::prelude::*;
+
+/// A per-token KL estimator from the log-probs of the sampled token alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SampledKl {
+    /// `−log r`.
+    K1,
+    /// `½ (log r)²`.
+    K2,
+    /// `r − 1 − log r`.
+    K3,
+}
+
+/// The KL term of the loss: estimated from sampled-token log-probs, or exact.
+#[derive(Debug)]
+pub enum KlTerm<B: Backend> {
+    /// `estimator(new_lp, target_lp)` per token.
+    Sampled {
+        /// The target's log-probs of the sampled tokens, `[batch, seq]`.
+        target_lp: Tensor<B, 2>,
+        /// Which estimator.
+        estimator: SampledKl,
+    },
+    /// The exact per-position KL over the vocabulary, already computed, `[batch, seq]`.
+    Exact(Tensor<B, 2>),
+}
 
 /// Per-token KL estimate of `KL(π ‖ target)` from log-probs of tokens sampled by the
 /// rollout policy (Schulman 2020), with `log r = target − new`:
@@ -16,15 +40,15 @@ use burn::prelude::*;
 /// - `new_lp`, `target_lp`: `[batch, seq]`
 /// - output: `[batch, seq]`
 pub fn kl_estimate<B: Backend>(
-    estimator: KlEstimator,
+    estimator: SampledKl,
     new_lp: Tensor<B, 2>,
     target_lp: Tensor<B, 2>,
 ) -> Tensor<B, 2> {
     let log_r = target_lp - new_lp;
     match estimator {
-        KlEstimator::K1 => log_r.neg(),
-        KlEstimator::K2 => log_r.powi_scalar(2).mul_scalar(0.5),
-        KlEstimator::K3 => log_r.clone().exp() - log_r - 1.0,
+        SampledKl::K1 => log_r.neg(),
+        SampledKl::K2 => log_r.powi_scalar(2).mul_scalar(0.5),
+        SampledKl::K3 => log_r.clone().exp() - log_r - 1.0,
     }
 }
 
@@ -42,25 +66,29 @@ pub struct PpoLoss<B: Backend> {
 /// PPO-clip surrogate plus KL.
 ///
 /// # Shapes
-/// - `new_lp`, `old_lp`, `target_lp`, `adv`, `weight`: `[batch, seq]`
+/// - `new_lp`, `old_lp`, `adv`, `weight` and the tensors of `kl`: `[batch, seq]`
 /// - outputs: `[1]`
-#[allow(clippy::too_many_arguments)]
 pub fn ppo_loss<B: Backend>(
     new_lp: Tensor<B, 2>,
     old_lp: Tensor<B, 2>,
-    target_lp: Tensor<B, 2>,
+    kl: KlTerm<B>,
     adv: Tensor<B, 2>,
     weight: Tensor<B, 2>,
     clip: f64,
     kl_coef: f64,
-    estimator: KlEstimator,
 ) -> PpoLoss<B> {
     let ratio = (new_lp.clone() - old_lp).exp();
     let unclipped = ratio.clone() * adv.clone();
     let clipped = ratio.clone().clamp(1.0 - clip, 1.0 + clip) * adv;
     let surrogate = unclipped.clone().min_pair(clipped.clone());
     let was_clipped = unclipped.not_equal(surrogate.clone()).float();
-    let kl = kl_estimate(estimator, new_lp, target_lp);
+    let kl = match kl {
+        KlTerm::Sampled {
+            target_lp,
+            estimator,
+        } => kl_estimate(estimator, new_lp, target_lp),
+        KlTerm::Exact(kl) => kl,
+    };
     let per_token = surrogate.neg() + kl.clone().mul_scalar(kl_coef);
     PpoLoss {
         loss: (per_token * weight.clone()).sum(),
@@ -90,9 +118,9 @@ mod tests {
         // new = ln 0.5, target = ln 0.25: log r = ln 0.5 = −0.693147
         let new = t(&[0.5f32.ln(), 0.3f32.ln()]);
         let tgt = t(&[0.25f32.ln(), 0.3f32.ln()]);
-        let k1 = host(kl_estimate(KlEstimator::K1, new.clone(), tgt.clone()));
-        let k2 = host(kl_estimate(KlEstimator::K2, new.clone(), tgt.clone()));
-        let k3 = host(kl_estimate(KlEstimator::K3, new, tgt));
+        let k1 = host(kl_estimate(SampledKl::K1, new.clone(), tgt.clone()));
+        let k2 = host(kl_estimate(SampledKl::K2, new.clone(), tgt.clone()));
+        let k3 = host(kl_estimate(SampledKl::K3, new, tgt));
         let ln2 = std::f32::consts::LN_2;
         assert!((k1[0] - ln2).abs() < 1e-5);
         assert!((k2[0] - 0.5 * ln2 * ln2).abs() < 1e-5); // 0.240227
@@ -112,7 +140,11 @@ mod tests {
         let new = t(&[1.5f32.ln(), 0.5f32.ln(), 0.5f32.ln(), 3.0]);
         let adv = t(&[1.0, 1.0, -2.0, 5.0]);
         let w = t(&[0.25, 0.25, 0.5, 0.0]);
-        let out = ppo_loss(new, old.clone(), old, adv, w, 0.2, 0.0, KlEstimator::K3);
+        let kl = KlTerm::Sampled {
+            target_lp: old.clone(),
+            estimator: SampledKl::K3,
+        };
+        let out = ppo_loss(new, old, kl, adv, w, 0.2, 0.0);
         let loss = out.loss.into_scalar();
         // −(0.25·1.2 + 0.25·0.5 + 0.5·(−1.6)) = −(0.3 + 0.125 − 0.8) = 0.375
         assert!((loss - 0.375).abs() < 1e-5, "{loss}");

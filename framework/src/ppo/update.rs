@@ -1,4 +1,4 @@
-//! One PPO update phase (method.md, step 6), shared by the policy and the judge: the
+//! One PPO update phase (framework/METHOD.md, step 6), shared by the policy and the judge: the
 //! samples are shuffled, split into minibatches, and each minibatch takes one AdamW step on
 //! the PPO-clip + KL loss.
 //!
@@ -11,7 +11,7 @@ use crate::batch::{
 };
 use crate::experiment::KlEstimator;
 use crate::lm::CausalLm;
-use crate::ppo::ppo_loss;
+use crate::ppo::loss::{KlTerm, ppo_loss};
 use crate::progress;
 use crate::rng::Rng;
 use burn::module::AutodiffModule;
@@ -135,28 +135,51 @@ where
                 host_tensor::<B::InnerBackend>(weight.clone(), batch.batch, batch.seq, device);
             stats.entropy = weighted_entropy(old_logits.clone(), weight_inner);
         }
-        let old_lp = target_logprobs(old_logits, &inner, params.kernels);
-        let target_lp = if std::ptr::eq(old, target) {
-            old_lp.clone()
-        } else {
-            sequence_logprobs(target, &inner, params.kernels)
+        let same_target = std::ptr::eq(old, target);
+        let (new_lp, old_lp, kl) = match params.estimator.sampled() {
+            Some(estimator) => {
+                let old_lp = target_logprobs(old_logits, &inner, params.kernels);
+                let target_lp = if same_target {
+                    old_lp.clone()
+                } else {
+                    sequence_logprobs(target, &inner, params.kernels)
+                };
+                let new_lp = sequence_logprobs(&model, &batch, params.kernels);
+                let kl = KlTerm::Sampled {
+                    target_lp: Tensor::from_inner(target_lp),
+                    estimator,
+                };
+                (new_lp, old_lp, kl)
+            }
+            None => {
+                // The exact KL needs the target's whole distribution at every position.
+                let target_logits = if same_target {
+                    old_logits.clone()
+                } else {
+                    target.forward(inner.inputs.clone())
+                };
+                let old_lp = target_logprobs(old_logits, &inner, params.kernels);
+                let new_logits = model.forward(batch.inputs.clone());
+                let new_lp = target_logprobs(new_logits.clone(), &batch, params.kernels);
+                let kl = full_kl(new_logits, Tensor::from_inner(target_logits), params.kernels);
+                (new_lp, old_lp, KlTerm::Exact(kl))
+            }
         };
         let out = ppo_loss(
-            sequence_logprobs(&model, &batch, params.kernels),
+            new_lp,
             Tensor::from_inner(old_lp),
-            Tensor::from_inner(target_lp),
+            kl,
             host_tensor::<B>(adv, batch.batch, batch.seq, device),
             host_tensor::<B>(weight, batch.batch, batch.seq, device),
             params.clip,
             params.kl_coef,
-            params.estimator,
         );
         let loss = out.loss.clone().into_scalar().elem::<f64>();
         if !loss.is_finite() {
             return Err(NonFinite("loss"));
         }
         let norm;
-        (model, norm) = crate::optim::step(model, optim, out.loss, params.lr, params.max_grad_norm);
+        (model, norm) = crate::ppo::clip::step(model, optim, out.loss, params.lr, params.max_grad_norm);
         if !norm.is_finite() {
             return Err(NonFinite("gradient norm"));
         }
@@ -174,6 +197,24 @@ where
     stats.clipfrac /= n;
     stats.grad_norm /= n;
     Ok((model, Some(stats)))
+}
+
+/// The exact `KL(π ‖ target)` over the vocabulary at every position (gradients flow into `π`
+/// only: `target_logits` come from a model outside the graph).
+///
+/// # Shapes
+/// - `logits`, `target_logits`: `[batch, seq, vocab]`
+/// - output: `[batch, seq]`
+fn full_kl<B: rlany_kernels::LogProbOps>(
+    logits: Tensor<B, 3>,
+    target_logits: Tensor<B, 3>,
+    kernels: rlany_kernels::KernelChoice,
+) -> Tensor<B, 2> {
+    let [b, t, v] = logits.dims();
+    // [b, t, v] → [b·t, v] → [b·t] → [b, t]
+    kernels
+        .kl_full(logits.reshape([b * t, v]), target_logits.reshape([b * t, v]))
+        .reshape([b, t])
 }
 
 /// Per-token advantages and weights of a minibatch in the batch's `[row, j]` layout
@@ -208,6 +249,29 @@ fn unit_targets(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn full_kl_hand_computed_and_zero_against_itself() {
+        use burn::backend::NdArray;
+        type B = NdArray<f32>;
+        let dev = Default::default();
+        // Position 0: P = softmax([0, ln 2]) = (1/3, 2/3), Q = (1/2, 1/2);
+        // KL = 1/3·ln(2/3) + 2/3·ln(4/3) = 0.0566330.
+        let p = Tensor::<B, 1>::from_floats([0.0, 2f32.ln(), 1.0, 3.0], &dev).reshape([1, 2, 2]);
+        let q = Tensor::<B, 1>::from_floats([0.0, 0.0, 1.0, 3.0], &dev).reshape([1, 2, 2]);
+        for kernels in [
+            rlany_kernels::KernelChoice::Fused,
+            rlany_kernels::KernelChoice::Reference,
+        ] {
+            let kl: Vec<f32> = full_kl(p.clone(), q.clone(), kernels)
+                .into_data()
+                .to_vec()
+                .expect("f32");
+            let want = (1.0f64 / 3.0) * (2.0f64 / 3.0).ln() + (2.0 / 3.0) * (4.0f64 / 3.0).ln();
+            assert!((f64::from(kl[0]) - want).abs() < 1e-6, "{kl:?} vs {want}");
+            assert!(kl[1].abs() < 1e-6, "identical rows: {kl:?}");
+        }
+    }
 
     #[test]
     fn units_weigh_the_same_whatever_their_length() {

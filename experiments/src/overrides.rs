@@ -1,0 +1,221 @@
+//! `--set path=value`: change any field of an experiment from the command line, the way users
+//! of Hydra-style configs shrink a run without editing files. The experiment is turned into
+//! a JSON tree, the field at the dotted path is replaced (enum variants are stepped through:
+//! `environment.max_operands` reaches into `Arith(...)`), and the tree is read back into the
+//! typed experiment and validated like the file. The result is what `resolved.ron` records.
+
+use crate::Experiment;
+use rlany_framework::ExperimentError;
+use serde_json::Value;
+use std::path::Path;
+
+/// A `--set` that cannot be applied.
+#[derive(Debug, thiserror::Error)]
+pub enum OverrideError {
+    /// Not of the form `path=value`.
+    #[error("--set {0:?}: expected PATH=VALUE, e.g. budget.steps=6")]
+    Syntax(String),
+    /// The path names no field.
+    #[error("--set {arg:?}: `{path}` names no field of the experiment (at `{at}`)")]
+    NoField {
+        /// The argument.
+        arg: String,
+        /// The dotted path.
+        path: String,
+        /// The part of the path that was not found.
+        at: String,
+    },
+    /// The value is not a RON/JSON value.
+    #[error("--set {arg:?}: cannot read the value: {message}")]
+    Value {
+        /// The argument.
+        arg: String,
+        /// Why.
+        message: String,
+    },
+    /// The changed experiment does not fit the schema.
+    #[error("--set {arg:?}: {message}")]
+    Schema {
+        /// The argument(s).
+        arg: String,
+        /// What the schema says.
+        message: String,
+    },
+    /// The changed experiment is out of range.
+    #[error("--set: {0}")]
+    Invalid(#[source] ExperimentError),
+}
+
+/// `exp` with every `path=value` of `sets` applied, validated.
+pub fn apply(exp: &Experiment, sets: &[String]) -> Result<Experiment, OverrideError> {
+    if sets.is_empty() {
+        return Ok(exp.clone());
+    }
+    let mut tree = serde_json::to_value(exp).map_err(|e| OverrideError::Schema {
+        arg: sets.join(" "),
+        message: e.to_string(),
+    })?;
+    for arg in sets {
+        let (path, text) = arg
+            .split_once('=')
+            .filter(|(p, _)| !p.trim().is_empty())
+            .ok_or_else(|| OverrideError::Syntax(arg.clone()))?;
+        let value = parse_value(text.trim()).map_err(|message| OverrideError::Value {
+            arg: arg.clone(),
+            message,
+        })?;
+        let slot = field_mut(&mut tree, path.trim()).map_err(|at| OverrideError::NoField {
+            arg: arg.clone(),
+            path: path.trim().to_string(),
+            at,
+        })?;
+        *slot = value;
+    }
+    let out: Experiment = serde_json::from_value(tree).map_err(|e| OverrideError::Schema {
+        arg: sets.join(" "),
+        message: e.to_string(),
+    })?;
+    // Validated like a file: the resolved text gives the error its line.
+    let text = out.to_ron();
+    Experiment::parse(&text, Path::new("<experiment with --set>"))
+        .map_err(OverrideError::Invalid)
+}
+
+/// The JSON value of `text`: JSON itself (numbers, `true`, `"text"`, `[1, 2]`), a bare
+/// identifier as a unit enum variant (`K2`, `Reference`, `Static`), or RON (`(0.2, 0.8)`).
+fn parse_value(text: &str) -> Result<Value, String> {
+    if let Ok(v) = serde_json::from_str::<Value>(text) {
+        return Ok(v);
+    }
+    let ident = !text.is_empty()
+        && text.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && text.chars().next().is_some_and(|c| c.is_ascii_alphabetic());
+    if ident {
+        return Ok(Value::String(text.to_string()));
+    }
+    // `Variant(fields…)`: an enum variant with a payload, e.g. `Threshold(step: 0.2)`.
+    if let Some(open) = text.find('(')
+        && text.ends_with(')')
+        && open > 0
+        && text[..open].chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && text.starts_with(|c: char| c.is_ascii_uppercase())
+    {
+        let payload = ron::from_str::<Value>(&text[open..]).map_err(|e| e.to_string())?;
+        let payload = match payload {
+            Value::Array(mut a) if a.len() == 1 => a.remove(0),
+            other => other,
+        };
+        let mut map = serde_json::Map::new();
+        map.insert(text[..open].to_string(), payload);
+        return Ok(Value::Object(map));
+    }
+    ron::from_str::<Value>(text).map_err(|e| e.to_string())
+}
+
+/// The value at dotted `path`, stepping through single-variant enum objects
+/// (`{"Arith": {...}}`) when the variant is not itself named in the path. `Err` holds the
+/// part of the path that was not found.
+fn field_mut<'a>(tree: &'a mut Value, path: &str) -> Result<&'a mut Value, String> {
+    let mut cur = tree;
+    for key in path.split('.') {
+        let Value::Object(map) = cur else {
+            return Err(key.to_string());
+        };
+        if !map.contains_key(key) && map.len() == 1 {
+            let variant = map.keys().next().cloned().unwrap_or_default();
+            if variant.starts_with(|c: char| c.is_ascii_uppercase()) {
+                let inner = map.get_mut(&variant).ok_or_else(|| key.to_string())?;
+                cur = match inner {
+                    Value::Object(m) if m.contains_key(key) => {
+                        m.get_mut(key).ok_or_else(|| key.to_string())?
+                    }
+                    _ => return Err(key.to_string()),
+                };
+                continue;
+            }
+        }
+        cur = map.get_mut(key).ok_or_else(|| key.to_string())?;
+    }
+    Ok(cur)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = r#"
+Experiment(
+    name: "t",
+    seeds: [1],
+    environment: Arith(max_operands: 3),
+    policy: (model: Scratch(d_model: 32)),
+    algorithm: Ppo(lr: 1e-4),
+    budget: (steps: 20, group_size: 4),
+)
+"#;
+
+    fn exp() -> Experiment {
+        Experiment::parse(FILE, Path::new("x.ron")).expect("parses")
+    }
+
+    fn set(args: &[&str]) -> Result<Experiment, OverrideError> {
+        apply(
+            &exp(),
+            &args.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        )
+    }
+
+    #[test]
+    fn fields_at_any_depth_and_through_variants() {
+        let e = set(&[
+            "budget.steps=6",
+            "algorithm.lr=0.001",
+            "environment.max_operands=5",
+            "policy.model.d_model=16",
+            "algorithm.kl.estimator=K2",
+            "reward.policy_band=(0.1, 0.9)",
+            "seeds=[4, 5]",
+            "name=\"u\"",
+        ])
+        .expect("applies");
+        assert_eq!(e.budget.steps, 6);
+        assert_eq!(e.ppo().lr, 0.001);
+        assert_eq!(e.ppo().kl.estimator, rlany_framework::experiment::KlEstimator::K2);
+        assert_eq!(e.reward.policy_band, (0.1, 0.9));
+        assert_eq!(e.seeds, vec![4, 5]);
+        assert_eq!(e.name, "u");
+        assert_eq!(e.policy.model.spec().map(|m| m.d_model), Some(16));
+        let crate::EnvironmentSpec::Arith(a) = &e.environment;
+        assert_eq!(a.max_operands, 5);
+        // Everything else is untouched.
+        assert_eq!(e.budget.group_size, 4);
+    }
+
+    #[test]
+    fn whole_sections_and_variants_can_be_replaced() {
+        let e = set(&["adaptation=Threshold(step: 0.2, band: (0.3, 0.7))"]).expect("variant");
+        match &e.adaptation {
+            crate::AdaptationSpec::Threshold(t) => assert_eq!((t.step, t.band), (0.2, (0.3, 0.7))),
+            other => panic!("{other:?}"),
+        }
+        let e = set(&["judge=None"]).expect("unit variant");
+        assert!(e.judge.model().is_none());
+    }
+
+    #[test]
+    fn bad_overrides_are_clear_errors() {
+        assert!(matches!(set(&["budget.steps"]), Err(OverrideError::Syntax(_))));
+        assert!(matches!(
+            set(&["budget.stepz=3"]),
+            Err(OverrideError::NoField { .. })
+        ));
+        assert!(matches!(
+            set(&["budget.steps=\"many\""]),
+            Err(OverrideError::Schema { .. })
+        ));
+        match set(&["budget.steps=0"]) {
+            Err(OverrideError::Invalid(e)) => assert!(e.to_string().contains("budget.steps"), "{e}"),
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+    }
+}

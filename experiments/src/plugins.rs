@@ -1,0 +1,66 @@
+//! The one list of available plugins. Adding an environment or a proposer is one line here
+//! (plus its module): the macro turns the list into the enums an experiment file names
+//! (`environment: Arith(...)`, `adaptation: Gp(...)`) and into the dispatch the framework
+//! calls through [`EnvironmentChoice`] and [`AdaptationChoice`].
+
+use rlany_framework::plugin::{
+    AdaptationChoice, EnvironmentChoice, EnvironmentPlugin, ProposerPlugin, ThresholdSpec,
+};
+use serde::{Deserialize, Serialize};
+
+macro_rules! plugins {
+    (
+        environments { $( $(#[$em:meta])* $env:ident($env_ty:ty), )+ }
+        proposers { $( $(#[$pm:meta])* $prop:ident($prop_ty:ty), )* }
+    ) => {
+        /// The environment plugins an experiment file can name.
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        pub enum EnvironmentSpec {
+            $( $(#[$em])* $env($env_ty), )+
+        }
+
+        impl EnvironmentChoice for EnvironmentSpec {
+            fn plugin(&self) -> &dyn EnvironmentPlugin {
+                match self {
+                    $( Self::$env(s) => s, )+
+                }
+            }
+        }
+
+        /// How task difficulty adapts: the method's own rules and the proposer plugins.
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+        pub enum AdaptationSpec {
+            /// Difficulty never changes.
+            #[default]
+            Static,
+            /// The paper's rule: move the difficulty by a fixed step along the flagged
+            /// dimensions.
+            Threshold(ThresholdSpec),
+            $( $(#[$pm])* $prop($prop_ty), )*
+        }
+
+        impl AdaptationChoice for AdaptationSpec {
+            fn plugin(&self) -> Option<&dyn ProposerPlugin> {
+                match self {
+                    Self::Static => None,
+                    Self::Threshold(s) => Some(s),
+                    $( Self::$prop(s) => Some(s), )*
+                }
+            }
+        }
+    };
+}
+
+plugins! {
+    environments {
+        /// Multi-step arithmetic chains (`rlany_envs::arith`).
+        Arith(rlany_envs::ArithSpec),
+    }
+    proposers {
+        /// Our Gaussian-process proposer (`rlany_envs::proposers::gp`).
+        Gp(rlany_envs::proposers::GpSpec),
+    }
+}
+
+/// An experiment file of this build: the framework's schema over this list of plugins.
+pub type Experiment = rlany_framework::Experiment<EnvironmentSpec, AdaptationSpec>;

@@ -1,0 +1,275 @@
+//! `rlany ablate SUITE_DIR`: every experiment file of a suite (rows in file-name order) for
+//! every seed, into `RUNS_DIR/<suite>/<experiment>/seed-<n>/`, then the suite's report.
+//!
+//! - Runs go seed by seed (all rows of seed 1 first), so a partial suite already holds paired
+//!   comparisons.
+//! - Identical warm starts are computed once (`RUNS_DIR/.warm-cache`, see
+//!   `rlany_framework::warmcache`).
+//! - Interrupt it at any point and run the same command again: finished runs are skipped, an
+//!   interrupted run resumes from its latest checkpoint (writing exactly what an uninterrupted
+//!   run writes), and a run killed before its first checkpoint (during its warm start) is
+//!   removed and started again.
+//! - One progress display over the whole suite, one summary line per finished run.
+
+use crate::{
+    Experiment, UsageError, WARM_CACHE, meta_json, overrides, print_summary, run as run_seed,
+};
+use anyhow::{Context, Result};
+use rlany_framework::checkpoint;
+use rlany_framework::progress;
+use rlany_framework::{BackendKind, StepObserver, TrainOptions};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// What `rlany ablate` was asked to do.
+#[derive(Debug, Clone)]
+pub struct SuiteOptions {
+    /// The folder of experiment files.
+    pub suite: PathBuf,
+    /// Seeds for every row (`None`: each file's own list).
+    pub seeds: Option<Vec<u64>>,
+    /// Backend override.
+    pub backend: Option<BackendKind>,
+    /// `--set` overrides applied to every row.
+    pub sets: Vec<String>,
+    /// Where `<suite>/` goes.
+    pub runs_dir: PathBuf,
+    /// Draw the suite's progress bar.
+    pub progress: bool,
+    /// Share warm starts.
+    pub warm_cache: bool,
+}
+
+/// One row of the suite: its file and its experiment (overrides applied).
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// The experiment file.
+    pub file: PathBuf,
+    /// The experiment it describes, `--set` and `--backend` applied.
+    pub exp: Experiment,
+}
+
+/// Where a run stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunState {
+    /// No run directory yet.
+    Fresh,
+    /// A directory without any checkpoint: killed during its warm start; start it again.
+    Stale,
+    /// A checkpoint before the last step: resume.
+    Interrupted(usize),
+    /// Its checkpoint is at the last step.
+    Finished,
+}
+
+/// Where the run in `dir` of an experiment with `steps` training steps stands.
+pub fn run_state(dir: &Path, steps: usize) -> RunState {
+    if !dir.exists() {
+        return RunState::Fresh;
+    }
+    let Some(latest) = checkpoint::latest(&dir.join("checkpoints")) else {
+        return RunState::Stale;
+    };
+    let step = latest
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("step-"))
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(0);
+    if step >= steps {
+        RunState::Finished
+    } else {
+        RunState::Interrupted(step)
+    }
+}
+
+/// The suite's rows: every `.ron` file directly in `dir`, in file-name order, loaded,
+/// overridden and validated before anything runs.
+pub fn rows(o: &SuiteOptions) -> Result<Vec<Row>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&o.suite)
+        .with_context(|| format!("reading the suite folder {}", o.suite.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "ron"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(UsageError(format!("{}: no .ron experiment file", o.suite.display())).into());
+    }
+    let mut rows = Vec::new();
+    for file in files {
+        let mut exp = overrides::apply(&Experiment::load(&file)?, &o.sets)
+            .map_err(|e| UsageError(format!("{}: {e}", file.display())))?;
+        if let Some(b) = o.backend {
+            exp.backend = b;
+        }
+        if let Some(seeds) = &o.seeds {
+            exp.seeds = seeds.clone();
+        }
+        rows.push(Row { file, exp });
+    }
+    let mut names: Vec<&str> = rows.iter().map(|r| r.exp.name.as_str()).collect();
+    names.sort_unstable();
+    if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+        return Err(UsageError(format!("two rows of the suite are named {:?}", w[0])).into());
+    }
+    Ok(rows)
+}
+
+/// Runs the suite, then writes its report into its runs folder.
+pub fn ablate(o: &SuiteOptions) -> Result<()> {
+    let rows = rows(o)?;
+    let suite_name = o
+        .suite
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("suite")
+        .to_string();
+    let out = o.runs_dir.join(&suite_name);
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    write_suite_json(&out, &rows)?;
+    let cache = o.runs_dir.join(WARM_CACHE);
+    clean_stale_tmp(&cache);
+
+    // Seed by seed, every row of a seed before the next seed.
+    let mut seeds: Vec<u64> = rows.iter().flat_map(|r| r.exp.seeds.clone()).collect();
+    seeds.sort_unstable();
+    seeds.dedup();
+    let jobs: Vec<(u64, &Row)> = seeds
+        .iter()
+        .flat_map(|&s| {
+            rows.iter()
+                .filter(move |r| r.exp.seeds.contains(&s))
+                .map(move |r| (s, r))
+        })
+        .collect();
+    let units: u64 = jobs.iter().map(|(_, r)| r.exp.budget.steps as u64 + 1).sum();
+    let bar = Arc::new(Mutex::new(progress::bar(units, "suite", o.progress)));
+    let say = |line: &str| match bar.lock() {
+        Ok(b) => b.println(line),
+        Err(_) => println!("{line}"),
+    };
+    say(&format!(
+        "suite {suite_name}: {} rows × {} seeds = {} runs into {}",
+        rows.len(),
+        seeds.len(),
+        jobs.len(),
+        out.display()
+    ));
+    let mut done_units = 0u64;
+    for (k, (seed, row)) in jobs.iter().enumerate() {
+        let exp = &row.exp;
+        let dir = out.join(&exp.name).join(format!("seed-{seed}"));
+        let state = run_state(&dir, exp.budget.steps);
+        let base = done_units;
+        done_units += exp.budget.steps as u64 + 1;
+        if let Ok(mut b) = bar.lock() {
+            b.set_message(format!("[{}/{}] {} seed {seed}", k + 1, jobs.len(), exp.name));
+            b.set_position(base);
+        }
+        if state == RunState::Finished {
+            say(&format!("{} seed {seed}: finished earlier, skipped", exp.name));
+            continue;
+        }
+        if state == RunState::Stale {
+            say(&format!(
+                "{} seed {seed}: no checkpoint (killed during its warm start), starting again",
+                exp.name
+            ));
+            std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+        }
+        let observer = {
+            let bar = Arc::clone(&bar);
+            StepObserver(Arc::new(move |step, _| {
+                if let Ok(mut b) = bar.lock() {
+                    b.set_position(base + step as u64 + 1);
+                }
+            }))
+        };
+        let opts = TrainOptions {
+            run_dir: dir.clone(),
+            resume: matches!(state, RunState::Interrupted(_)),
+            stop_after: None,
+            progress: false,
+            log_lines: !o.progress,
+            meta: meta_json(exp, *seed, &row.file),
+            warm_cache: o.warm_cache.then(|| cache.clone()),
+            checkpoint: None,
+            observer: Some(observer),
+        };
+        let started = std::time::Instant::now();
+        let summary = run_seed(exp, *seed, &opts).with_context(|| format!("run {}", dir.display()))?;
+        if let Ok(b) = bar.lock() {
+            b.println(&crate::summary_line(
+                exp,
+                *seed,
+                &dir,
+                &summary,
+                started.elapsed().as_secs_f64(),
+            ));
+        } else {
+            print_summary(exp, *seed, &dir, &summary, started.elapsed().as_secs_f64());
+        }
+    }
+    if let Ok(b) = bar.lock() {
+        b.finish_and_clear();
+    }
+    let report = rlany_reports::write_report(
+        std::slice::from_ref(&out),
+        &rlany_reports::ReportOptions {
+            out: out.clone(),
+            bench_json: Vec::new(),
+            title: Some(format!("Ablation suite `{suite_name}`")),
+        },
+    )?;
+    for w in &report.warnings {
+        eprintln!("warning: {w}");
+    }
+    println!("{}", report.table);
+    println!("wrote {}", report.report.display());
+    Ok(())
+}
+
+/// `suite.json`: the rows in order with their baselines (the row above unless the file
+/// names another), for the report.
+fn write_suite_json(out: &Path, rows: &[Row]) -> Result<()> {
+    let list: Vec<serde_json::Value> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let baseline = match &r.exp.baseline {
+                Some(b) => Some(b.clone()),
+                None if i > 0 => Some(rows[i - 1].exp.name.clone()),
+                None => None,
+            };
+            serde_json::json!({
+                "experiment": r.exp.name,
+                "file": r.file.display().to_string(),
+                "baseline": baseline,
+            })
+        })
+        .collect();
+    let path = out.join("suite.json");
+    let text = serde_json::to_string_pretty(&serde_json::json!({ "rows": list }))?;
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Removes temporary cache entries that killed runs left behind (`.tmp-<key>-<pid>` whose
+/// process is gone; a live process may still be writing its own).
+fn clean_stale_tmp(cache: &Path) {
+    let Ok(entries) = std::fs::read_dir(cache) else {
+        return;
+    };
+    for e in entries.filter_map(Result::ok) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix(".tmp-")
+            .and_then(|rest| rest.rsplit('-').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid {
+            let alive = Path::new("/proc").join(pid.to_string()).exists();
+            if !alive || pid == std::process::id() {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+}

@@ -1,0 +1,12 @@
+//! PPO (the method, step 6), in one place: the clipped objective with its KL penalty
+//! ([`loss`]), the update phase that shuffles samples into minibatches and takes one AdamW
+//! step per minibatch ([`update`]), and the global-norm gradient clipping every optimiser step
+//! goes through ([`clip`], which the supervised warm starts use too).
+
+pub mod clip;
+pub mod loss;
+pub mod update;
+
+pub use clip::{clip_global_norm, step};
+pub use loss::{KlTerm, PpoLoss, SampledKl, kl_estimate, ppo_loss};
+pub use update::{NonFinite, Sample, Unit, UpdateParams, UpdateStats, ppo_update};

@@ -1,0 +1,182 @@
+//! A cache of warm-started models, shared by every run whose warm-start inputs are identical
+//! (the rows of an ablation differ in what comes after the warm start, not in it).
+//!
+//! An entry is keyed by a content hash of every input the warm-start code reads — for the
+//! policy: the environment's settings, the model source, `policy.warm_start`,
+//! `algorithm.max_grad_norm`, `kernels`; for the judge also its model and warm start,
+//! `policy.sampling` and `budget.max_env_steps` (it learns from the warm policy's rollouts,
+//! so the policy's key is part of it) — plus the seed, the backend and [`VERSION`], bumped
+//! whenever the warm-start code changes what it computes. An entry holds the model's weights
+//! (full precision: a hit reloads them bit for bit) and the `warm/*` metrics, with checksums;
+//! it is written to a temporary folder and renamed, so a kill never leaves half an entry.
+//! A damaged or unreadable entry is a miss.
+
+use crate::checkpoint::checksum;
+use crate::rundir::{io, write_atomic};
+use burn::module::Module;
+use burn::prelude::Backend;
+use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// Bump when the warm-start code changes what it computes: old entries then miss.
+pub const VERSION: u32 = 1;
+
+/// The cache folder.
+#[derive(Debug, Clone)]
+pub struct WarmCache {
+    dir: PathBuf,
+}
+
+/// The content key of one warm start: 32 hex digits over the canonical JSON of its inputs.
+pub fn key(inputs: &Value) -> String {
+    let text = format!("v{VERSION}:{inputs}");
+    // Two independent 64-bit hashes (FNV-1a of the text and of the reversed text).
+    let a = checksum(text.as_bytes());
+    let rev: Vec<u8> = text.bytes().rev().collect();
+    let b = checksum(&rev);
+    format!("{a}{b}")
+}
+
+impl WarmCache {
+    /// A cache in `dir` (created on the first store).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    /// The weights and metrics stored under `key`, loaded into `module`; `None` on a miss
+    /// (absent, incomplete or damaged entry).
+    pub fn load<B: Backend, M: Module<B>>(
+        &self,
+        key: &str,
+        module: M,
+        device: &B::Device,
+    ) -> Option<(M, BTreeMap<String, f64>)> {
+        let entry = self.dir.join(key);
+        let meta: Value = serde_json::from_slice(&fs::read(entry.join("warm.json")).ok()?).ok()?;
+        let want = meta.get("model_checksum")?.as_str()?;
+        if checksum(&fs::read(entry.join("model.mpk")).ok()?) != want {
+            return None;
+        }
+        let record = NamedMpkFileRecorder::<FullPrecisionSettings>::new()
+            .load(entry.join("model"), device)
+            .ok()?;
+        let metrics = meta
+            .get("metrics")?
+            .as_object()?
+            .iter()
+            .filter_map(|(k, v)| v.as_f64().map(|x| (k.clone(), x)))
+            .collect();
+        Some((module.load_record(record), metrics))
+    }
+
+    /// Stores `module` and its `warm/*` metrics under `key` (atomically; an entry another run
+    /// wrote first is kept). `inputs` is recorded beside them for people reading the cache.
+    pub fn store<B: Backend, M: Module<B>>(
+        &self,
+        key: &str,
+        inputs: &Value,
+        module: &M,
+        metrics: &BTreeMap<String, f64>,
+    ) -> Result<(), crate::checkpoint::CheckpointError> {
+        let entry = self.dir.join(key);
+        if self.intact(key) {
+            return Ok(());
+        }
+        let _ = fs::remove_dir_all(&entry);
+        let tmp = self
+            .dir
+            .join(format!(".tmp-{key}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&tmp);
+        fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+        NamedMpkFileRecorder::<FullPrecisionSettings>::new()
+            .record(module.clone().into_record(), tmp.join("model"))
+            .map_err(|e| crate::checkpoint::CheckpointError::Record {
+                path: tmp.join("model.mpk"),
+                message: e.to_string(),
+            })?;
+        let weights = fs::read(tmp.join("model.mpk")).map_err(io(&tmp.join("model.mpk")))?;
+        let mut m = Map::new();
+        for (k, v) in metrics {
+            m.insert(k.clone(), Value::from(*v));
+        }
+        let meta = serde_json::json!({
+            "version": VERSION,
+            "inputs": inputs,
+            "metrics": m,
+            "model_checksum": checksum(&weights),
+        });
+        let bytes = serde_json::to_vec_pretty(&meta).unwrap_or_default();
+        write_atomic(&tmp.join("warm.json"), &bytes)?;
+        if fs::rename(&tmp, &entry).is_err() {
+            // Another run stored the same entry meanwhile: keep theirs.
+            let _ = fs::remove_dir_all(&tmp);
+        }
+        Ok(())
+    }
+
+    /// Whether the entry `key` is complete and its weights match their checksum.
+    fn intact(&self, key: &str) -> bool {
+        let entry = self.dir.join(key);
+        let meta: Option<Value> = fs::read(entry.join("warm.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        let want = meta
+            .as_ref()
+            .and_then(|m| m.get("model_checksum"))
+            .and_then(Value::as_str);
+        let got = fs::read(entry.join("model.mpk")).ok().map(|b| checksum(&b));
+        want.is_some() && want == got.as_deref()
+    }
+
+    /// The cache folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::NdArray;
+    use burn::nn::{Linear, LinearConfig};
+
+    type B = NdArray<f32>;
+
+    #[test]
+    fn a_stored_entry_reloads_bit_for_bit_and_damage_is_a_miss() {
+        let dir = std::env::temp_dir().join(format!("rlany-warm-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let cache = WarmCache::new(&dir);
+        let dev = Default::default();
+        let lin: Linear<B> = LinearConfig::new(4, 3).init(&dev);
+        let inputs = serde_json::json!({ "lr": 0.003, "seed": 1 });
+        let k = key(&inputs);
+        assert_eq!(k.len(), 32);
+        assert_ne!(k, key(&serde_json::json!({ "lr": 0.003, "seed": 2 })));
+        let fresh: Linear<B> = LinearConfig::new(4, 3).init(&dev);
+        assert!(cache.load(&k, fresh.clone(), &dev).is_none(), "empty cache");
+        let metrics = BTreeMap::from([("warm/policy_loss".to_string(), 0.1 + 0.2)]);
+        cache.store(&k, &inputs, &lin, &metrics).expect("store");
+        let (got, m) = cache.load(&k, fresh.clone(), &dev).expect("hit");
+        assert_eq!(m, metrics, "metrics round-trip exactly");
+        let (a, b) = (
+            lin.weight.val().into_data().to_vec::<f32>().expect("f32"),
+            got.weight.val().into_data().to_vec::<f32>().expect("f32"),
+        );
+        assert_eq!(a, b);
+        // Damage → miss.
+        let f = dir.join(&k).join("model.mpk");
+        let mut bytes = fs::read(&f).expect("weights");
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xFF;
+        fs::write(&f, bytes).expect("damage");
+        assert!(cache.load(&k, fresh.clone(), &dev).is_none());
+        // Storing again repairs the entry.
+        cache.store(&k, &inputs, &lin, &metrics).expect("store again");
+        assert!(cache.load(&k, fresh, &dev).is_some());
+        let _ = fs::remove_dir_all(dir);
+    }
+}
