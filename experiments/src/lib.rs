@@ -197,32 +197,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
-        Command::Check { files, quiet } => {
-            let mut failed: Vec<ExperimentError> = Vec::new();
-            for f in &files {
-                match Experiment::load(f) {
-                    Ok(exp) => {
-                        if quiet {
-                            println!("{}: ok", f.display());
-                        } else {
-                            println!("// {}: ok\n{}", f.display(), exp.to_ron());
-                        }
-                    }
-                    Err(e) => {
-                        eprintln!("error: {e}");
-                        failed.push(e);
-                    }
-                }
-            }
-            let n_failed = failed.len();
-            match failed.into_iter().next() {
-                Some(e) => Err(anyhow::Error::new(e).context(format!(
-                    "{n_failed} of {} files invalid",
-                    files.len()
-                ))),
-                None => Ok(()),
-            }
-        }
+        Command::Check { files, quiet } => check(&files, quiet),
         Command::Run {
             file,
             backend,
@@ -303,6 +278,30 @@ fn dispatch(cli: Cli) -> Result<()> {
                 warm_cache: !no_warm_cache,
             })
         }
+    }
+}
+
+/// `rlany check`: validates every file (all of them, not only up to the first bad one),
+/// printing the resolved experiment of each valid one; the error says how many were invalid.
+pub fn check(files: &[PathBuf], quiet: bool) -> Result<()> {
+    let mut failed: Vec<ExperimentError> = Vec::new();
+    for f in files {
+        match Experiment::load(f) {
+            Ok(_) if quiet => println!("{}: ok", f.display()),
+            Ok(exp) => println!("// {}: ok\n{}", f.display(), exp.to_ron()),
+            Err(e) => {
+                eprintln!("error: {e}");
+                failed.push(e);
+            }
+        }
+    }
+    let n_failed = failed.len();
+    match failed.into_iter().next() {
+        Some(e) => Err(anyhow::Error::new(e).context(format!(
+            "{n_failed} of {} files invalid",
+            files.len()
+        ))),
+        None => Ok(()),
     }
 }
 

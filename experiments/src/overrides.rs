@@ -48,14 +48,27 @@ pub enum OverrideError {
 
 /// `exp` with every `path=value` of `sets` applied, validated.
 pub fn apply(exp: &Experiment, sets: &[String]) -> Result<Experiment, OverrideError> {
+    apply_where_present(exp, sets, false).map(|(e, _)| e)
+}
+
+/// Like [`apply`], but with `skip_absent` a `path` this experiment does not have (e.g.
+/// `judge.lr` on a row without a judge) is skipped instead of refused; returns the indices
+/// of the skipped `sets`. A suite applies its `--set`s to every row this way and refuses a
+/// path that no row has.
+pub fn apply_where_present(
+    exp: &Experiment,
+    sets: &[String],
+    skip_absent: bool,
+) -> Result<(Experiment, Vec<usize>), OverrideError> {
+    let mut skipped = Vec::new();
     if sets.is_empty() {
-        return Ok(exp.clone());
+        return Ok((exp.clone(), skipped));
     }
     let mut tree = serde_json::to_value(exp).map_err(|e| OverrideError::Schema {
         arg: sets.join(" "),
         message: e.to_string(),
     })?;
-    for arg in sets {
+    for (i, arg) in sets.iter().enumerate() {
         let (path, text) = arg
             .split_once('=')
             .filter(|(p, _)| !p.trim().is_empty())
@@ -64,12 +77,17 @@ pub fn apply(exp: &Experiment, sets: &[String]) -> Result<Experiment, OverrideEr
             arg: arg.clone(),
             message,
         })?;
-        let slot = field_mut(&mut tree, path.trim()).map_err(|at| OverrideError::NoField {
-            arg: arg.clone(),
-            path: path.trim().to_string(),
-            at,
-        })?;
-        *slot = value;
+        match field_mut(&mut tree, path.trim()) {
+            Ok(slot) => *slot = value,
+            Err(_) if skip_absent => skipped.push(i),
+            Err(at) => {
+                return Err(OverrideError::NoField {
+                    arg: arg.clone(),
+                    path: path.trim().to_string(),
+                    at,
+                });
+            }
+        }
     }
     let out: Experiment = serde_json::from_value(tree).map_err(|e| OverrideError::Schema {
         arg: sets.join(" "),
@@ -77,8 +95,9 @@ pub fn apply(exp: &Experiment, sets: &[String]) -> Result<Experiment, OverrideEr
     })?;
     // Validated like a file: the resolved text gives the error its line.
     let text = out.to_ron();
-    Experiment::parse(&text, Path::new("<experiment with --set>"))
-        .map_err(OverrideError::Invalid)
+    let exp = Experiment::parse(&text, Path::new("<experiment with --set>"))
+        .map_err(OverrideError::Invalid)?;
+    Ok((exp, skipped))
 }
 
 /// The JSON value of `text`: JSON itself (numbers, `true`, `"text"`, `[1, 2]`), a bare

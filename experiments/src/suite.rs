@@ -96,9 +96,14 @@ pub fn rows(o: &SuiteOptions) -> Result<Vec<Row>> {
         return Err(UsageError(format!("{}: no .ron experiment file", o.suite.display())).into());
     }
     let mut rows = Vec::new();
+    let mut applied = vec![false; o.sets.len()];
     for file in files {
-        let mut exp = overrides::apply(&Experiment::load(&file)?, &o.sets)
-            .map_err(|e| UsageError(format!("{}: {e}", file.display())))?;
+        let (mut exp, skipped) =
+            overrides::apply_where_present(&Experiment::load(&file)?, &o.sets, true)
+                .map_err(|e| UsageError(format!("{}: {e}", file.display())))?;
+        for (i, a) in applied.iter_mut().enumerate() {
+            *a |= !skipped.contains(&i);
+        }
         if let Some(b) = o.backend {
             exp.backend = b;
         }
@@ -106,6 +111,14 @@ pub fn rows(o: &SuiteOptions) -> Result<Vec<Row>> {
             exp.seeds = seeds.clone();
         }
         rows.push(Row { file, exp });
+    }
+    if let Some(i) = applied.iter().position(|a| !a) {
+        return Err(UsageError(format!(
+            "--set {:?}: no row of {} has this field",
+            o.sets[i],
+            o.suite.display()
+        ))
+        .into());
     }
     let mut names: Vec<&str> = rows.iter().map(|r| r.exp.name.as_str()).collect();
     names.sort_unstable();
@@ -271,5 +284,29 @@ fn clean_stale_tmp(cache: &Path) {
                 let _ = std::fs::remove_dir_all(e.path());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_states() {
+        let root = std::env::temp_dir().join(format!("rlany-suite-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let dir = root.join("x/seed-1");
+        assert_eq!(run_state(&dir, 10), RunState::Fresh);
+        std::fs::create_dir_all(&dir).expect("dir");
+        assert_eq!(run_state(&dir, 10), RunState::Stale);
+        let ck = dir.join("checkpoints");
+        for (step, want) in [(4, RunState::Interrupted(4)), (10, RunState::Finished)] {
+            let name = checkpoint::step_dir_name(step);
+            std::fs::create_dir_all(ck.join(&name)).expect("ckpt");
+            std::fs::write(ck.join(&name).join("state.json"), "{}").expect("state");
+            std::fs::write(ck.join("latest"), &name).expect("latest");
+            assert_eq!(run_state(&dir, 10), want);
+        }
+        let _ = std::fs::remove_dir_all(root);
     }
 }

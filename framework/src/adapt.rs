@@ -154,6 +154,12 @@ pub struct Posterior {
     pub step: usize,
     /// One slice per difficulty dimension.
     pub dims: Vec<PosteriorSlice>,
+    /// The accuracy the proposer aims at, if it has one.
+    #[serde(default)]
+    pub target: Option<f64>,
+    /// The observations the model was fitted on (for plotting beside it).
+    #[serde(default)]
+    pub observations: Vec<Observation>,
 }
 
 /// Errors of the adaptation machinery.

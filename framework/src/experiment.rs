@@ -595,6 +595,13 @@ impl<E: EnvironmentChoice, A: AdaptationChoice> Experiment<E, A> {
         }
     }
 
+    /// The PPO settings, to change.
+    pub fn ppo_mut(&mut self) -> &mut PpoSpec {
+        match &mut self.algorithm {
+            Algorithm::Ppo(p) => p,
+        }
+    }
+
     /// Checks every range; the first violation, with its dotted field path.
     pub fn validate(&self) -> Checked {
         use check::{band, count, positive, real};

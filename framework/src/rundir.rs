@@ -134,7 +134,12 @@ impl RunDir {
     /// Drops every metrics/samples line written after `step` (used on resume, so the lines
     /// of steps redone after the checkpoint are not duplicated).
     pub fn truncate_after(&self, step: usize) -> Result<(), RunDirError> {
-        for name in ["metrics.jsonl", "samples.jsonl", "posterior.jsonl"] {
+        for name in [
+            "metrics.jsonl",
+            "samples.jsonl",
+            "posterior.jsonl",
+            "adaptation.jsonl",
+        ] {
             let path = self.root.join(name);
             if !path.exists() {
                 continue;
@@ -158,21 +163,31 @@ impl RunDir {
     }
 }
 
-/// Reads every line of a JSON-lines file as `(value, raw text)`.
+/// Reads every line of a JSON-lines file as `(value, raw text)`. A last line cut short (a
+/// process killed while appending it) is dropped; a malformed line before it is an error.
 pub fn read_lines(path: &Path) -> Result<Vec<(Value, String)>, RunDirError> {
     let f = File::open(path).map_err(io(path))?;
+    let lines: Vec<String> = BufReader::new(f)
+        .lines()
+        .collect::<Result<_, _>>()
+        .map_err(io(path))?;
+    let last = lines.iter().rposition(|l| !l.trim().is_empty());
     let mut out = Vec::new();
-    for (i, line) in BufReader::new(f).lines().enumerate() {
-        let line = line.map_err(io(path))?;
+    for (i, line) in lines.into_iter().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        let v: Value = serde_json::from_str(&line).map_err(|e| RunDirError::BadLine {
-            path: path.to_path_buf(),
-            line: i + 1,
-            message: e.to_string(),
-        })?;
-        out.push((v, line));
+        match serde_json::from_str::<Value>(&line) {
+            Ok(v) => out.push((v, line)),
+            Err(_) if Some(i) == last => {}
+            Err(e) => {
+                return Err(RunDirError::BadLine {
+                    path: path.to_path_buf(),
+                    line: i + 1,
+                    message: e.to_string(),
+                });
+            }
+        }
     }
     Ok(out)
 }

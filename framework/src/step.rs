@@ -31,6 +31,25 @@ pub struct Group {
     pub used: bool,
 }
 
+/// A proposal made, accepted or rejected during a step (for `adaptation.jsonl`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ProposalEvent {
+    /// The task slot.
+    pub slot: usize,
+    /// The slot's difficulty when the proposal was made.
+    pub from: Difficulty,
+    /// The proposed difficulty.
+    pub to: Difficulty,
+    /// Which way it was meant to move.
+    pub direction: crate::adapt::Direction,
+    /// `pending` (made this step), `accepted` or `rejected` (gated this step).
+    pub verdict: &'static str,
+    /// The slot's accuracy when it was proposed.
+    pub acc: f64,
+    /// The proposal's own group accuracy (gated events only).
+    pub new_acc: Option<f64>,
+}
+
 /// Wall-clock seconds of the phases of one step (the `perf/*` metrics).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Timings {
@@ -78,6 +97,8 @@ pub struct StepBatch {
     pub judge_stats: Option<UpdateStats>,
     /// Phase wall times.
     pub timings: Timings,
+    /// Proposals gated and made this step.
+    pub proposals: Vec<ProposalEvent>,
 }
 
 impl StepBatch {
@@ -162,7 +183,20 @@ pub fn outcome_and_gate(
         }
     }
     for g in batch.groups.iter_mut().filter(|g| g.pending) {
+        let from = slots[g.slot].difficulty.clone();
+        let pending = slots[g.slot].pending.clone();
         let accepted = slots[g.slot].resolve(g.acc, band, counts) == Some(true);
+        if let Some(p) = pending {
+            batch.proposals.push(ProposalEvent {
+                slot: g.slot,
+                from,
+                to: p.difficulty,
+                direction: p.direction,
+                verdict: if accepted { "accepted" } else { "rejected" },
+                acc: p.base_acc,
+                new_acc: Some(g.acc),
+            });
+        }
         g.used = accepted;
         if accepted {
             // The accepted task replaces the slot: its accuracy is the slot's now.
@@ -277,7 +311,7 @@ pub fn critic_feedback(batch: &StepBatch, slot: usize, dims: usize) -> CriticFee
 /// Phase 7, proposals: every slot that is too easy or too hard (and has nothing pending)
 /// asks the proposer for a new difficulty, given its critic feedback.
 pub fn propose(
-    batch: &StepBatch,
+    batch: &mut StepBatch,
     slots: &mut [AdaptSlot],
     dims: usize,
     band: (f64, f64),
@@ -287,7 +321,7 @@ pub fn propose(
 ) {
     for (k, slot) in slots.iter_mut().enumerate() {
         let feedback = critic_feedback(batch, k, dims);
-        slot.maybe_propose(
+        let made = slot.maybe_propose(
             batch.slot_acc[k],
             band,
             &feedback,
@@ -296,6 +330,17 @@ pub fn propose(
             rng,
             counts,
         );
+        if let (Some(direction), Some(p)) = (made, &slot.pending) {
+            batch.proposals.push(ProposalEvent {
+                slot: k,
+                from: slot.difficulty.clone(),
+                to: p.difficulty.clone(),
+                direction,
+                verdict: "pending",
+                acc: p.base_acc,
+                new_acc: None,
+            });
+        }
     }
 }
 
@@ -380,4 +425,315 @@ fn std_dev(xs: &[f64]) -> f64 {
     let n = xs.len() as f64;
     let mean = xs.iter().sum::<f64>() / n;
     (xs.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n).sqrt()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adapt::{Direction, Pending, Threshold};
+    use crate::env::{Dim, StepResult};
+    use crate::rollout::StepSpan;
+
+    /// A one-step task: "solved" iff the action equals the difficulty's first coordinate
+    /// printed with one decimal; the task records the seed it was drawn from.
+    struct Echo;
+    struct EchoEpisode {
+        d: f64,
+        seed: u64,
+        done: bool,
+        ok: bool,
+    }
+
+    impl Episode for EchoEpisode {
+        fn prompt(&self) -> String {
+            format!("{:.1} {}\n", self.d, self.seed)
+        }
+        fn step(&mut self, action: &str) -> StepResult {
+            self.ok = action == format!("{:.1}", self.d);
+            self.done = true;
+            StepResult {
+                observation: String::new(),
+                done: true,
+            }
+        }
+        fn done(&self) -> bool {
+            self.done
+        }
+        fn outcome(&self) -> bool {
+            self.ok
+        }
+        fn oracle_label(&self, _i: usize) -> bool {
+            self.ok
+        }
+    }
+
+    impl Environment for Echo {
+        fn difficulty_space(&self) -> Vec<Dim> {
+            vec![Dim {
+                name: "d".into(),
+                lo: 0.0,
+                hi: 1.0,
+            }]
+        }
+        fn sample(&self, d: &[f64], _split: Split, rng: &mut Rng) -> Box<dyn Episode> {
+            Box::new(EchoEpisode {
+                d: d[0],
+                seed: rng.next_u64(),
+                done: false,
+                ok: false,
+            })
+        }
+        fn demonstration(&self, d: &[f64], _noise: f64, _rng: &mut Rng) -> (String, Vec<String>) {
+            (String::new(), vec![format!("{:.1}", d[0])])
+        }
+    }
+
+    /// A trajectory of group `task` with the given outcome and one step per blame entry.
+    fn traj(task: usize, outcome: bool, steps: &[(usize, usize, &[usize])]) -> Trajectory {
+        Trajectory {
+            task,
+            tokens: (0..20).collect(),
+            steps: steps
+                .iter()
+                .map(|&(start, end, blame)| StepSpan {
+                    start,
+                    end,
+                    text: String::new(),
+                    oracle: outcome,
+                    observation: String::new(),
+                    blame: blame.to_vec(),
+                })
+                .collect(),
+            outcome,
+            prompt: String::new(),
+            finite: true,
+        }
+    }
+
+    fn pending(d: f64, dir: Direction, base_acc: f64) -> Option<Pending> {
+        Some(Pending {
+            difficulty: vec![d],
+            direction: dir,
+            base_acc,
+            proposed_at: 0,
+        })
+    }
+
+    #[test]
+    fn tasks_one_seed_per_group_shared_by_its_rollouts() {
+        let mut slots = vec![AdaptSlot::new(vec![0.2]), AdaptSlot::new(vec![0.4])];
+        slots[1].pending = pending(0.5, Direction::Harder, 1.0);
+        let mut rng = Rng::new(7);
+        let (groups, episodes) = draw_tasks(&slots, &Echo, 3, &mut rng);
+        // Slot 0, slot 1, slot 1's proposal; 3 rollouts each, in that order.
+        let shape: Vec<(usize, bool, f64)> = groups
+            .iter()
+            .map(|g| (g.slot, g.pending, g.difficulty[0]))
+            .collect();
+        assert_eq!(shape, vec![(0, false, 0.2), (1, false, 0.4), (1, true, 0.5)]);
+        assert_eq!(episodes.len(), 9);
+        let prompts: Vec<String> = episodes.iter().map(|(_, e)| e.prompt()).collect();
+        for g in 0..3 {
+            assert_eq!(episodes[3 * g].0, g);
+            assert_eq!(prompts[3 * g], prompts[3 * g + 1], "one task per group");
+            assert_eq!(prompts[3 * g], prompts[3 * g + 2]);
+        }
+        assert_ne!(prompts[0], prompts[3], "each group its own task");
+        // The task seeds are the stream's next three draws.
+        let mut again = Rng::new(7);
+        let first = Rng::new(again.next_u64()).next_u64();
+        assert!(prompts[0].ends_with(&format!(" {first}\n")));
+    }
+
+    #[test]
+    fn gate_accepts_and_rejects_and_uses_only_accepted_rollouts() {
+        // Slot 0 at acc 1.0 with a harder proposal that gives 0.5 → accepted.
+        // Slot 1 at acc 1.0 with a harder proposal that gives 0.0 → rejected (never at 0).
+        let mut slots = vec![AdaptSlot::new(vec![0.2]), AdaptSlot::new(vec![0.4])];
+        slots[0].pending = pending(0.3, Direction::Harder, 1.0);
+        slots[1].pending = pending(0.5, Direction::Harder, 1.0);
+        let mut batch = StepBatch::new(3);
+        batch.groups = vec![
+            group(0, false, 0.2),
+            group(0, true, 0.3),
+            group(1, false, 0.4),
+            group(1, true, 0.5),
+        ];
+        let outcomes = [[true, true], [true, false], [true, true], [false, false]];
+        batch.trajs = outcomes
+            .iter()
+            .enumerate()
+            .flat_map(|(g, o)| o.iter().map(move |&ok| traj(g, ok, &[(1, 2, &[])])))
+            .collect();
+        let mut counts = AdaptCounts::default();
+        let mut recorder = Recorder::default();
+        outcome_and_gate(&mut batch, &mut slots, (0.2, 0.8), &mut recorder, &mut counts);
+        let accs: Vec<f64> = batch.groups.iter().map(|g| g.acc).collect();
+        assert_eq!(accs, vec![1.0, 0.5, 1.0, 0.0]);
+        let used: Vec<bool> = batch.groups.iter().map(|g| g.used).collect();
+        assert_eq!(used, vec![true, true, true, false]);
+        assert_eq!(slots[0].difficulty, vec![0.3], "accepted: replaces the slot");
+        assert_eq!(slots[1].difficulty, vec![0.4], "rejected: the slot stays");
+        assert_eq!(batch.slot_acc, vec![0.5, 1.0], "an accepted task's accuracy is the slot's");
+        assert_eq!((counts.accepted, counts.rejected), (1, 1));
+        // Every group was observed, at its own difficulty, with its group size.
+        assert_eq!(recorder.0, vec![(0.2, 1.0, 2), (0.3, 0.5, 2), (0.4, 1.0, 2), (0.5, 0.0, 2)]);
+        let verdicts: Vec<&str> = batch.proposals.iter().map(|p| p.verdict).collect();
+        assert_eq!(verdicts, vec!["accepted", "rejected"]);
+        assert_eq!(used_trajectories(&batch), vec![0, 1, 2, 3, 4, 5]);
+    }
+
+    fn group(slot: usize, pending: bool, d: f64) -> Group {
+        Group {
+            slot,
+            pending,
+            difficulty: vec![d],
+            members: Vec::new(),
+            acc: 0.0,
+            used: true,
+        }
+    }
+
+    /// Records every observation as `(d, acc, group size)`.
+    #[derive(Default)]
+    struct Recorder(Vec<(f64, f64, usize)>);
+
+    impl Proposer for Recorder {
+        fn observe(&mut self, obs: Observation) {
+            self.0.push((obs.difficulty[0], obs.acc, obs.group_size));
+        }
+        fn propose(
+            &mut self,
+            current: &[f64],
+            _acc: f64,
+            _direction: Direction,
+            _feedback: &CriticFeedback,
+            _step: usize,
+            _rng: &mut Rng,
+        ) -> Vec<f64> {
+            current.to_vec()
+        }
+        fn state(&self) -> serde_json::Value {
+            serde_json::Value::Null
+        }
+        fn load_state(&mut self, _state: serde_json::Value) -> Result<(), crate::adapt::AdaptError> {
+            Ok(())
+        }
+        fn posterior(&self, _c: &[f64], _s: usize, _p: usize) -> Option<crate::adapt::Posterior> {
+            None
+        }
+    }
+
+    /// Two groups of two one-step trajectories: group 0 mixed (acc 0.5), group 1 all solved.
+    fn two_groups() -> StepBatch {
+        let mut batch = StepBatch::new(1);
+        batch.groups = vec![group(0, false, 0.2), group(1, false, 0.2)];
+        batch.trajs = vec![
+            traj(0, true, &[(3, 5, &[])]),
+            traj(0, false, &[(3, 6, &[0])]),
+            traj(1, true, &[(3, 4, &[])]),
+            traj(1, true, &[(3, 4, &[])]),
+        ];
+        let mut slots = vec![AdaptSlot::new(vec![0.2]), AdaptSlot::new(vec![0.2])];
+        outcome_and_gate(
+            &mut batch,
+            &mut slots,
+            (0.2, 0.8),
+            &mut Recorder::default(),
+            &mut AdaptCounts::default(),
+        );
+        batch
+    }
+
+    #[test]
+    fn policy_advantages_per_group_and_band_filter() {
+        let mut batch = two_groups();
+        // Judge verdicts on group 0: the solved step judged (+,+,+), the failed one (+,-,-).
+        batch.verdicts = vec![vec![vec![1, 1, 1]], vec![vec![1, -1, -1]], vec![vec![]], vec![vec![]]];
+        policy_samples(&mut batch, 1.0, (0.125, 0.875));
+        // R = O + (λ/m)ΣS: 1 + 1 = 2; −1 − 1/3 = −4/3; group 1: O alone = 1, 1.
+        assert_eq!(batch.step_rewards[0], vec![2.0]);
+        assert!((batch.step_rewards[1][0] + 4.0 / 3.0).abs() < 1e-12);
+        assert_eq!(batch.step_rewards[2], vec![1.0]);
+        // Group 1 (acc 1.0) is outside the band: only group 0 is trained on, z-scores ±1.
+        assert_eq!(batch.kept_groups, 1);
+        assert_eq!(batch.policy_samples.len(), 2);
+        let units: Vec<(usize, usize, f64)> = batch
+            .policy_samples
+            .iter()
+            .flat_map(|s| s.units.iter().map(|u| (u.start, u.end, u.adv)))
+            .collect();
+        assert_eq!(units.len(), 2);
+        assert_eq!((units[0].0, units[0].1), (3, 5));
+        assert!((units[0].2 - 1.0).abs() < 1e-12 && (units[1].2 + 1.0).abs() < 1e-12);
+        // A wider band keeps group 1, whose equal rewards carry no signal (no unit).
+        policy_samples(&mut batch, 1.0, (0.0, 1.0));
+        assert_eq!(batch.kept_groups, 2);
+        assert!(batch.policy_samples[2..].iter().all(|s| s.units.is_empty()));
+    }
+
+    #[test]
+    fn judge_samples_consistency_advantages_and_band() {
+        let mut batch = two_groups();
+        batch.verdicts = vec![vec![vec![1, 1, -1]], vec![vec![1, -1, -1]], vec![vec![]], vec![vec![]]];
+        batch.judged = vec![
+            JudgedStep {
+                traj: 0,
+                step: 0,
+                prompt: vec![1, 2],
+                tokens: vec![10, 10, 11],
+                verdicts: vec![1, 1, -1],
+            },
+            JudgedStep {
+                traj: 2,
+                step: 0,
+                prompt: vec![1, 3],
+                tokens: vec![10, 10, 10],
+                verdicts: vec![1, 1, 1],
+            },
+        ];
+        policy_samples(&mut batch, 1.0, (0.0, 1.0));
+        judge_samples(&mut batch, (0.2, 0.8));
+        // Only traj 0's step (group 0, acc 0.5) is in the judge band; R = 1 + 1/3 = 4/3;
+        // consistency rewards (4/3, 4/3, −4/3) → z-scores (1/√2, 1/√2, −√2).
+        assert_eq!(batch.judge_samples.len(), 3);
+        let adv: Vec<f64> = batch
+            .judge_samples
+            .iter()
+            .map(|s| s.units[0].adv)
+            .collect();
+        let h = std::f64::consts::FRAC_1_SQRT_2;
+        for (a, want) in adv.iter().zip([h, h, -2.0 * h]) {
+            assert!((a - want).abs() < 1e-9, "{adv:?}");
+        }
+        // Each sample is the prompt plus its verdict token, the token being the trained unit.
+        assert_eq!(batch.judge_samples[2].tokens, vec![1, 2, 11]);
+        assert_eq!((batch.judge_samples[2].units[0].start, batch.judge_samples[2].units[0].end), (2, 3));
+    }
+
+    #[test]
+    fn critic_feedback_and_proposals_from_used_groups() {
+        let mut batch = two_groups();
+        batch.verdicts = vec![vec![vec![1, 1, 1]], vec![vec![-1, -1, -1]], vec![vec![]], vec![vec![]]];
+        let fb = critic_feedback(&batch, 0, 1);
+        assert_eq!((fb.flagged_steps, fb.steps), (1, 2));
+        assert_eq!(fb.blame, vec![1.0]);
+        // Slot 1 is at acc 1.0: too easy, so Threshold proposes harder; slot 0 (0.5) does not.
+        let mut slots = vec![AdaptSlot::new(vec![0.2]), AdaptSlot::new(vec![0.2])];
+        let mut counts = AdaptCounts::default();
+        propose(
+            &mut batch,
+            &mut slots,
+            1,
+            (0.2, 0.8),
+            &mut Threshold { step: 0.25 },
+            &mut Rng::new(1),
+            &mut counts,
+        );
+        assert!(slots[0].pending.is_none());
+        assert_eq!(slots[1].pending.as_ref().map(|p| p.difficulty.clone()), Some(vec![0.45]));
+        assert_eq!(counts.proposals, 1);
+        let made: Vec<(usize, &str)> = batch.proposals.iter().map(|p| (p.slot, p.verdict)).collect();
+        assert_eq!(made, vec![(1, "pending")]);
+    }
 }

@@ -278,6 +278,24 @@ struct TrainerState {
     slots: Vec<AdaptSlot>,
     counts: AdaptCounts,
     proposer: serde_json::Value,
+    /// Cumulative compute (the `compute/*` metrics).
+    #[serde(default)]
+    compute: Compute,
+}
+
+/// Cumulative compute of a run: what rows that differ in compute are compared against.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Compute {
+    /// Trajectories rolled out for training (pending proposals included).
+    rollouts: u64,
+    /// Tokens the policy generated in them.
+    gen_tokens: u64,
+    /// Optimiser steps of the policy's PPO updates.
+    policy_steps: u64,
+    /// Optimiser steps of the judge's PPO updates.
+    judge_steps: u64,
+    /// Steps judged (each with m verdicts).
+    judged_steps: u64,
 }
 
 impl TrainerState {
@@ -293,6 +311,7 @@ impl TrainerState {
             slots,
             counts: AdaptCounts::default(),
             proposer: proposer.state(),
+            compute: Compute::default(),
         }
     }
 }
@@ -756,6 +775,26 @@ where
             .map(|d| d.name)
             .collect();
         step::step_metrics(&mut m, batch, &self.state.slots, &names, &self.state.counts);
+        let c = &mut self.state.compute;
+        c.rollouts += batch.trajs.len() as u64;
+        c.gen_tokens += batch.generated_tokens() as u64;
+        c.policy_steps += batch.policy_stats.as_ref().map_or(0, |s| s.updates as u64);
+        c.judge_steps += batch.judge_stats.as_ref().map_or(0, |s| s.updates as u64);
+        c.judged_steps += batch.judged.len() as u64;
+        m.set("compute/rollouts", c.rollouts as f64);
+        m.set("compute/gen_tokens", c.gen_tokens as f64);
+        m.set("compute/policy_steps", c.policy_steps as f64);
+        m.set("compute/judge_steps", c.judge_steps as f64);
+        m.set("compute/judged_steps", c.judged_steps as f64);
+        self.dir.append(
+            "adaptation.jsonl",
+            &serde_json::json!({
+                "step": step,
+                "dims": names,
+                "slots": self.state.slots.iter().map(|s| &s.difficulty).collect::<Vec<_>>(),
+                "proposals": batch.proposals,
+            }),
+        )?;
         if step % eval_every == 0 || step == steps {
             let t = Instant::now();
             let (id, ood) = self.evaluate(&mut m, step)?;
@@ -884,8 +923,16 @@ where
         if let Some(p) = self.proposer.posterior(&center, step, 11) {
             let mut v = serde_json::to_value(&p).unwrap_or_default();
             if let serde_json::Value::Object(o) = &mut v {
+                let names: Vec<String> = self
+                    .env
+                    .difficulty_space()
+                    .into_iter()
+                    .map(|d| d.name)
+                    .collect();
                 o.insert("step".into(), step.into());
                 o.insert("center".into(), serde_json::json!(center));
+                o.insert("names".into(), serde_json::json!(names));
+                o.insert("band".into(), serde_json::json!(self.cfg.band));
             }
             self.dir.append("posterior.jsonl", &v)?;
         }

@@ -63,16 +63,9 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
 
 /// Metrics lines without wall-clock fields.
 fn metrics(run: &Path) -> Vec<Value> {
-    let text = fs::read_to_string(run.join("metrics.jsonl")).expect("metrics.jsonl");
-    text.lines()
-        .map(|l| {
-            let mut v: Value = serde_json::from_str(l).expect("json line");
-            if let Value::Object(m) = &mut v {
-                m.retain(|k, _| !k.starts_with("perf/"));
-            }
-            v
-        })
-        .collect()
+    let m = lines(run, "metrics.jsonl");
+    assert!(!m.is_empty(), "{}: no metrics", run.display());
+    m
 }
 
 fn run_tiny(dir: &Path, extra: &[&str]) -> (u8, PathBuf) {
@@ -605,4 +598,199 @@ fn fused_and_reference_kernels_give_the_same_metrics_on_wgpu() {
 #[test]
 fn full_vocabulary_kl_trains_on_ndarray() {
     fused_and_reference_agree_on("ndarray", FULL_KL);
+}
+
+/// Every line of a run's JSON-lines file, wall-clock keys removed.
+fn lines(run: &Path, file: &str) -> Vec<Value> {
+    let Ok(text) = fs::read_to_string(run.join(file)) else {
+        return Vec::new();
+    };
+    text.lines()
+        .map(|l| {
+            let mut v: Value = serde_json::from_str(l).expect("json line");
+            if let Value::Object(m) = &mut v {
+                m.retain(|k, _| !k.starts_with("perf/"));
+            }
+            v
+        })
+        .collect()
+}
+
+#[test]
+fn warm_start_cache_hits_give_the_same_metrics_and_changed_inputs_miss() {
+    let dir = scratch("warm-cache");
+    let runs = dir.join("runs");
+    let exp = rlany::Experiment::parse(TINY, Path::new("tiny.ron")).expect("tiny");
+    let entries = || {
+        fs::read_dir(runs.join(rlany::WARM_CACHE))
+            .map(|d| d.filter_map(Result::ok).count())
+            .unwrap_or(0)
+    };
+    let go = |exp: &rlany::Experiment, name: &str, cache: bool| {
+        let mut e = exp.clone();
+        e.name = name.to_string();
+        let opts = rlany_framework::TrainOptions {
+            run_dir: runs.join(name).join("seed-3"),
+            resume: false,
+            stop_after: Some(2),
+            progress: false,
+            log_lines: false,
+            meta: Value::Null,
+            warm_cache: cache.then(|| runs.join(rlany::WARM_CACHE)),
+            checkpoint: None,
+            observer: None,
+        };
+        let summary = rlany::run(&e, 3, &opts).expect("runs");
+        (summary.warm_cached, metrics(&runs.join(name).join("seed-3")))
+    };
+    let (cached, uncached) = go(&exp, "no_cache", false);
+    assert_eq!((cached, entries()), (0, 0), "no cache asked for");
+    let (cached, miss) = go(&exp, "miss", true);
+    assert_eq!((cached, entries()), (0, 1), "a miss computes and stores");
+    let (cached, hit) = go(&exp, "hit", true);
+    assert_eq!((cached, entries()), (1, 1), "identical inputs hit");
+    assert_eq!(hit, miss, "a hit writes exactly the metrics of a miss");
+    assert_eq!(miss, uncached);
+    // Any input the warm start reads makes a new entry.
+    let mut changed = exp.clone();
+    changed.ppo_mut().max_grad_norm = 0.5;
+    let (cached, _) = go(&changed, "grad_norm", true);
+    assert_eq!((cached, entries()), (0, 2), "max_grad_norm is a warm-start input");
+    let mut changed = exp.clone();
+    changed.kernels = rlany_framework::experiment::Kernels::Reference;
+    let (cached, _) = go(&changed, "kernels", true);
+    assert_eq!((cached, entries()), (0, 3), "kernels is a warm-start input");
+    // A setting the warm start does not read shares the entry.
+    let mut other = exp.clone();
+    other.budget.eval_tasks = 5;
+    let (cached, _) = go(&other, "eval_tasks", true);
+    assert_eq!((cached, entries()), (1, 3), "eval_tasks is not a warm-start input");
+    let _ = fs::remove_dir_all(dir);
+}
+
+/// A tiny two-row suite: outcome-only, then a learned judge with the threshold proposer.
+fn tiny_suite(dir: &Path) -> PathBuf {
+    let suite = dir.join("mini");
+    fs::create_dir_all(&suite).expect("suite dir");
+    let row0 = TINY
+        .replace("name: \"tiny\"", "name: \"r0\"")
+        .replace("steps: 6, tasks_per_step", "steps: 4, tasks_per_step");
+    let row1 = tiny_full()
+        .replace("name: \"tiny_full\"", "name: \"r1\"")
+        .replace("steps: 6, tasks_per_step", "steps: 4, tasks_per_step")
+        .replace(
+            "adaptation: Gp(target: 0.5, band: (0.3, 0.7), candidates: 64),",
+            "adaptation: Threshold(step: 0.2, band: (0.3, 0.7)),",
+        );
+    write(&suite, "0_r0.ron", &row0);
+    write(&suite, "1_r1.ron", &row1);
+    suite
+}
+
+#[test]
+fn an_interrupted_suite_finishes_with_the_metrics_of_an_uninterrupted_one() {
+    let dir = scratch("suite");
+    let suite = tiny_suite(&dir);
+    let suite_s = suite.to_string_lossy().into_owned();
+    let ablate = |runs: &Path, extra: &[&str]| {
+        let runs_s = runs.to_string_lossy().into_owned();
+        let mut args = vec!["ablate", suite_s.as_str(), "--seeds", "2", "--runs-dir"];
+        args.push(&runs_s);
+        args.push("--no-progress");
+        args.extend_from_slice(extra);
+        rlany(&args)
+    };
+    // Uninterrupted.
+    let clean = dir.join("clean");
+    assert_eq!(ablate(&clean, &[]), 0);
+    // Interrupted: seed 1 of r0 stopped after step 1 (resumable), seed 2 of r0 killed during
+    // its warm start (a run directory without a checkpoint).
+    let broken = dir.join("broken");
+    let r0 = suite.join("0_r0.ron").to_string_lossy().into_owned();
+    let runs_mini = broken.join("mini").to_string_lossy().into_owned();
+    assert_eq!(
+        rlany(&["run", &r0, "--seed", "1", "--runs-dir", &runs_mini, "--no-progress", "--stop-after", "1"]),
+        0
+    );
+    let stale = broken.join("mini/r0/seed-2");
+    fs::create_dir_all(&stale).expect("stale dir");
+    fs::write(stale.join("resolved.ron"), "half written").expect("stale file");
+    assert_eq!(ablate(&broken, &[]), 0);
+    for run in ["r0/seed-1", "r0/seed-2", "r1/seed-1", "r1/seed-2"] {
+        for file in ["metrics.jsonl", "samples.jsonl", "adaptation.jsonl"] {
+            let a = lines(&clean.join("mini").join(run), file);
+            let b = lines(&broken.join("mini").join(run), file);
+            assert!(!a.is_empty(), "{run}/{file} is empty");
+            assert_eq!(a, b, "{run}/{file}");
+        }
+    }
+    // A finished suite is skipped as a whole; its report is there with its figures.
+    assert_eq!(ablate(&broken, &[]), 0);
+    let report = fs::read_to_string(broken.join("mini/report.md")).expect("report.md");
+    assert!(report.contains("r0") && report.contains("r1"), "{report}");
+    let figures = fs::read_dir(broken.join("mini/figures"))
+        .expect("figures/")
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "png"))
+        .count();
+    assert!(figures >= 4, "{figures} figures");
+    // The rows' compute and adaptation logs are there for the figures.
+    let m = metrics(&broken.join("mini/r1/seed-1"));
+    assert!(m.last().and_then(|l| l.get("compute/rollouts")).is_some());
+    // --set reaches every row that has the field and is recorded in resolved.ron; a field
+    // no row has is refused (exit 2) before anything runs.
+    let set = dir.join("set");
+    assert_eq!(ablate(&set, &["--set", "budget.steps=2", "--set", "judge.lr=0.002"]), 0);
+    let resolved = fs::read_to_string(set.join("mini/r1/seed-1/resolved.ron")).expect("resolved");
+    assert!(resolved.contains("steps: 2,") && resolved.contains("lr: 0.002"), "{resolved}");
+    assert_eq!(metrics(&set.join("mini/r0/seed-1")).len(), 3);
+    assert_eq!(ablate(&dir.join("nope"), &["--set", "budget.stepz=2"]), 2);
+    assert!(!dir.join("nope").exists());
+    let _ = fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_damaged_checkpoint_is_refused_and_an_older_one_can_be_named() {
+    let dir = scratch("damaged");
+    let (code, run) = run_tiny(&dir, &[]);
+    assert_eq!(code, 0);
+    let ckpts = run.join("checkpoints");
+    let latest = fs::read_to_string(ckpts.join("latest")).expect("latest");
+    let weights = ckpts.join(latest.trim()).join("policy.mpk");
+    let mut bytes = fs::read(&weights).expect("weights");
+    let mid = bytes.len() / 2;
+    for b in &mut bytes[mid - 32..mid + 32] {
+        *b ^= 0x5A;
+    }
+    fs::write(&weights, bytes).expect("flip");
+    let run_s = run.to_string_lossy().into_owned();
+    let file = dir.join("tiny.ron").to_string_lossy().into_owned();
+    assert_eq!(rlany(&["run", &file, "--resume", &run_s, "--no-progress"]), 1);
+    let err = format!(
+        "{}",
+        rlany_framework::checkpoint::Reader::latest(&ckpts).expect_err("damaged")
+    );
+    assert!(err.contains("policy.mpk") && err.contains("damaged"), "{err}");
+    // The older checkpoint (step 4 of 6) resumes and finishes the run.
+    assert_eq!(
+        rlany(&["run", &file, "--resume", &run_s, "--checkpoint", "step-000004", "--no-progress"]),
+        0
+    );
+    let m = metrics(&run);
+    assert_eq!(m.last().and_then(|l| l.get("step")).and_then(Value::as_u64), Some(6));
+    let _ = fs::remove_dir_all(dir);
+}
+
+#[test]
+fn check_counts_the_invalid_files() {
+    let dir = scratch("check");
+    let good = write(&dir, "good.ron", TINY);
+    let bad = write(&dir, "bad.ron", &TINY.replace("group_size: 6", "group_size: 0"));
+    assert_eq!(rlany(&["check", "-q", &good, &bad]), 2);
+    assert_eq!(rlany(&["check", "-q", &good]), 0);
+    let err = rlany::check(&[good.into(), bad.into()], true).expect_err("one is bad");
+    let msg = format!("{err:#}");
+    assert!(msg.starts_with("1 of 2 files invalid"), "{msg}");
+    assert!(msg.contains("bad.ron:") && msg.contains("budget.group_size"), "{msg}");
+    let _ = fs::remove_dir_all(dir);
 }

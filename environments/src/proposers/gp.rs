@@ -713,7 +713,12 @@ impl Proposer for Gp {
                 sd_acc: preds.iter().map(|p| p.1).collect(),
             });
         }
-        Some(Posterior { step, dims })
+        Some(Posterior {
+            step,
+            dims,
+            target: Some(self.config.target),
+            observations: self.observations.clone(),
+        })
     }
 }
 
