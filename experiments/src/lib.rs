@@ -15,9 +15,7 @@ use clap::{Parser, Subcommand};
 pub use plugins::{AdaptationSpec, EnvironmentSpec, Experiment};
 use rlany_framework::adapt::{self, Proposer};
 use rlany_framework::experiment::{ModelSource, ModelSpec};
-use rlany_framework::plugin::{
-    AdaptationChoice, EnvironmentChoice, ProposerContext,
-};
+use rlany_framework::plugin::{AdaptationChoice, EnvironmentChoice, ProposerContext};
 use rlany_framework::{
     BackendKind, Components, Environment, ExperimentError, Rng, RunSummary, TrainOptions, train,
 };
@@ -149,13 +147,11 @@ where
                 eprintln!("  caused by: {cause}");
             }
             // Bad input (an experiment file, an option) exits 2; failures while running, 1.
-            let bad_input = e
-                .chain()
-                .any(|c| {
-                    c.is::<ExperimentError>()
-                        || c.is::<UsageError>()
-                        || c.is::<rlany_reports::ReportError>()
-                });
+            let bad_input = e.chain().any(|c| {
+                c.is::<ExperimentError>()
+                    || c.is::<UsageError>()
+                    || c.is::<rlany_reports::ReportError>()
+            });
             if bad_input { 2 } else { 1 }
         }
     }
@@ -284,25 +280,27 @@ fn dispatch(cli: Cli) -> Result<()> {
 /// `rlany check`: validates every file (all of them, not only up to the first bad one),
 /// printing the resolved experiment of each valid one; the error says how many were invalid.
 pub fn check(files: &[PathBuf], quiet: bool) -> Result<()> {
-    let mut failed: Vec<ExperimentError> = Vec::new();
+    let mut failed: Vec<String> = Vec::new();
     for f in files {
         match Experiment::load(f) {
             Ok(_) if quiet => println!("{}: ok", f.display()),
             Ok(exp) => println!("// {}: ok\n{}", f.display(), exp.to_ron()),
             Err(e) => {
                 eprintln!("error: {e}");
-                failed.push(e);
+                failed.push(f.display().to_string());
             }
         }
     }
-    let n_failed = failed.len();
-    match failed.into_iter().next() {
-        Some(e) => Err(anyhow::Error::new(e).context(format!(
-            "{n_failed} of {} files invalid",
-            files.len()
-        ))),
-        None => Ok(()),
+    if failed.is_empty() {
+        return Ok(());
     }
+    Err(UsageError(format!(
+        "{} of {} files invalid: {}",
+        failed.len(),
+        files.len(),
+        failed.join(", ")
+    ))
+    .into())
 }
 
 /// The warm-start cache folder inside a runs folder.
@@ -468,7 +466,13 @@ pub fn print_summary(exp: &Experiment, seed: u64, dir: &Path, s: &RunSummary, wa
 }
 
 /// The summary line of a finished (or stopped) run.
-pub fn summary_line(exp: &Experiment, seed: u64, dir: &Path, s: &RunSummary, wall_s: f64) -> String {
+pub fn summary_line(
+    exp: &Experiment,
+    seed: u64,
+    dir: &Path,
+    s: &RunSummary,
+    wall_s: f64,
+) -> String {
     let f = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.3}"));
     format!(
         "{} seed {seed}: {} at step {} in {:.1}s{} | eval in-domain {} -> {} | OOD {} -> {} | {}",
@@ -476,7 +480,11 @@ pub fn summary_line(exp: &Experiment, seed: u64, dir: &Path, s: &RunSummary, wal
         if s.interrupted { "stopped" } else { "finished" },
         s.last_step,
         wall_s,
-        if s.warm_cached > 0 { " (warm start from cache)" } else { "" },
+        if s.warm_cached > 0 {
+            " (warm start from cache)"
+        } else {
+            ""
+        },
         f(s.acc_id_start),
         f(s.acc_id_end),
         f(s.acc_ood_start),

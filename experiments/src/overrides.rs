@@ -116,7 +116,9 @@ fn parse_value(text: &str) -> Result<Value, String> {
     if let Some(open) = text.find('(')
         && text.ends_with(')')
         && open > 0
-        && text[..open].chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && text[..open]
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_')
         && text.starts_with(|c: char| c.is_ascii_uppercase())
     {
         let payload = ron::from_str::<Value>(&text[open..]).map_err(|e| e.to_string())?;
@@ -199,7 +201,10 @@ Experiment(
         .expect("applies");
         assert_eq!(e.budget.steps, 6);
         assert_eq!(e.ppo().lr, 0.001);
-        assert_eq!(e.ppo().kl.estimator, rlany_framework::experiment::KlEstimator::K2);
+        assert_eq!(
+            e.ppo().kl.estimator,
+            rlany_framework::experiment::KlEstimator::K2
+        );
         assert_eq!(e.reward.policy_band, (0.1, 0.9));
         assert_eq!(e.seeds, vec![4, 5]);
         assert_eq!(e.name, "u");
@@ -223,7 +228,10 @@ Experiment(
 
     #[test]
     fn bad_overrides_are_clear_errors() {
-        assert!(matches!(set(&["budget.steps"]), Err(OverrideError::Syntax(_))));
+        assert!(matches!(
+            set(&["budget.steps"]),
+            Err(OverrideError::Syntax(_))
+        ));
         assert!(matches!(
             set(&["budget.stepz=3"]),
             Err(OverrideError::NoField { .. })
@@ -233,7 +241,9 @@ Experiment(
             Err(OverrideError::Schema { .. })
         ));
         match set(&["budget.steps=0"]) {
-            Err(OverrideError::Invalid(e)) => assert!(e.to_string().contains("budget.steps"), "{e}"),
+            Err(OverrideError::Invalid(e)) => {
+                assert!(e.to_string().contains("budget.steps"), "{e}")
+            }
             other => panic!("expected Invalid, got {other:?}"),
         }
     }

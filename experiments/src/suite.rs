@@ -155,7 +155,10 @@ pub fn ablate(o: &SuiteOptions) -> Result<()> {
                 .map(move |r| (s, r))
         })
         .collect();
-    let units: u64 = jobs.iter().map(|(_, r)| r.exp.budget.steps as u64 + 1).sum();
+    let units: u64 = jobs
+        .iter()
+        .map(|(_, r)| r.exp.budget.steps as u64 + 1)
+        .sum();
     let bar = Arc::new(Mutex::new(progress::bar(units, "suite", o.progress)));
     let say = |line: &str| match bar.lock() {
         Ok(b) => b.println(line),
@@ -176,11 +179,19 @@ pub fn ablate(o: &SuiteOptions) -> Result<()> {
         let base = done_units;
         done_units += exp.budget.steps as u64 + 1;
         if let Ok(mut b) = bar.lock() {
-            b.set_message(format!("[{}/{}] {} seed {seed}", k + 1, jobs.len(), exp.name));
+            b.set_message(format!(
+                "[{}/{}] {} seed {seed}",
+                k + 1,
+                jobs.len(),
+                exp.name
+            ));
             b.set_position(base);
         }
         if state == RunState::Finished {
-            say(&format!("{} seed {seed}: finished earlier, skipped", exp.name));
+            say(&format!(
+                "{} seed {seed}: finished earlier, skipped",
+                exp.name
+            ));
             continue;
         }
         if state == RunState::Stale {
@@ -210,7 +221,8 @@ pub fn ablate(o: &SuiteOptions) -> Result<()> {
             observer: Some(observer),
         };
         let started = std::time::Instant::now();
-        let summary = run_seed(exp, *seed, &opts).with_context(|| format!("run {}", dir.display()))?;
+        let summary =
+            run_seed(exp, *seed, &opts).with_context(|| format!("run {}", dir.display()))?;
         if let Ok(b) = bar.lock() {
             b.println(&crate::summary_line(
                 exp,

@@ -219,7 +219,9 @@ mod tests {
         assert!(positive("x", 0.0, 1.0).is_err());
         assert!(band("b", (0.8, 0.2)).is_err());
         assert_eq!(
-            FieldError::new("max_digits", "m").within("environment").field,
+            FieldError::new("max_digits", "m")
+                .within("environment")
+                .field,
             "environment.max_digits"
         );
     }

@@ -239,7 +239,10 @@ impl Reader {
         }
         for required in ["state.json"] {
             if !sums.contains_key(required) {
-                return Err(damaged(dir.join(required), "not covered by the checksums".into()));
+                return Err(damaged(
+                    dir.join(required),
+                    "not covered by the checksums".into(),
+                ));
             }
         }
         Ok(Self { dir })
@@ -333,7 +336,8 @@ mod tests {
     fn write(dir: &Path, step: usize, lin: &Linear<B>) {
         let w = Writer::begin(dir, step).expect("begin");
         w.module("policy", lin).expect("module");
-        w.state(&serde_json::json!({ "step": step })).expect("state");
+        w.state(&serde_json::json!({ "step": step }))
+            .expect("state");
         w.commit(2).expect("commit");
     }
 
@@ -347,8 +351,8 @@ mod tests {
         // Flip 64 bytes in the middle of the newest weights file.
         let f = dir.join("step-000002").join("policy.mpk");
         let mut bytes = fs::read(&f).expect("weights");
-        let mid = bytes.len() / 2;
-        for b in &mut bytes[mid.saturating_sub(32)..(mid + 32).min(bytes.len())] {
+        let (mid, len) = (bytes.len() / 2, bytes.len());
+        for b in &mut bytes[mid.saturating_sub(32)..(mid + 32).min(len)] {
             *b ^= 0xA5;
         }
         fs::write(&f, bytes).expect("flip");

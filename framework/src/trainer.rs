@@ -38,11 +38,11 @@ use crate::rundir::{Metrics, RunDir, RunDirError};
 use crate::step::{self, StepBatch};
 use crate::warmcache::{self, WarmCache};
 use crate::warmstart::{supervised, warm_start};
-use std::collections::BTreeMap;
 use burn::module::AutodiffModule;
 use burn::optim::AdamW;
 use burn::optim::AdamWConfig;
 use burn::optim::adaptor::OptimizerAdaptor;
+use std::collections::BTreeMap;
 
 use rlany_kernels::{AutodiffLogProbOps, KernelChoice};
 use serde::{Deserialize, Serialize};
@@ -686,7 +686,10 @@ where
     /// Phase 6a: the policy's PPO update against its pre-update self (or the reference).
     fn policy_update(&mut self, batch: &mut StepBatch) -> Result<(), TrainError> {
         let t = Instant::now();
-        let old = self.old_policy.take().unwrap_or_else(|| self.policy.valid());
+        let old = self
+            .old_policy
+            .take()
+            .unwrap_or_else(|| self.policy.valid());
         let target = self.reference.as_ref().unwrap_or(&old);
         let params = self.update_params();
         let (policy, stats) = ppo_update(
@@ -959,7 +962,10 @@ fn set_perf(m: &mut Metrics, batch: &StepBatch, t0: Instant) {
     m.set("perf/judge_update_s", t.judge_update_s);
     m.set("perf/proposer_s", t.proposer_s);
     m.set("perf/eval_s", t.eval_s);
-    m.set("perf/rollout_tok_s", gen_tokens as f64 / t.rollout_s.max(1e-9));
+    m.set(
+        "perf/rollout_tok_s",
+        gen_tokens as f64 / t.rollout_s.max(1e-9),
+    );
     m.set("perf/train_tok_s", trained as f64 / update_s.max(1e-9));
 }
 

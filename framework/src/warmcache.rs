@@ -86,9 +86,7 @@ impl WarmCache {
             return Ok(());
         }
         let _ = fs::remove_dir_all(&entry);
-        let tmp = self
-            .dir
-            .join(format!(".tmp-{key}-{}", std::process::id()));
+        let tmp = self.dir.join(format!(".tmp-{key}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&tmp);
         fs::create_dir_all(&tmp).map_err(io(&tmp))?;
         NamedMpkFileRecorder::<FullPrecisionSettings>::new()
@@ -152,6 +150,9 @@ mod tests {
         let cache = WarmCache::new(&dir);
         let dev = Default::default();
         let lin: Linear<B> = LinearConfig::new(4, 3).init(&dev);
+        // Burn initialises parameters lazily: read them once so the stored and the compared
+        // values are the same draw.
+        let stored = lin.weight.val().into_data().to_vec::<f32>().expect("f32");
         let inputs = serde_json::json!({ "lr": 0.003, "seed": 1 });
         let k = key(&inputs);
         assert_eq!(k.len(), 32);
@@ -162,11 +163,8 @@ mod tests {
         cache.store(&k, &inputs, &lin, &metrics).expect("store");
         let (got, m) = cache.load(&k, fresh.clone(), &dev).expect("hit");
         assert_eq!(m, metrics, "metrics round-trip exactly");
-        let (a, b) = (
-            lin.weight.val().into_data().to_vec::<f32>().expect("f32"),
-            got.weight.val().into_data().to_vec::<f32>().expect("f32"),
-        );
-        assert_eq!(a, b);
+        let loaded = got.weight.val().into_data().to_vec::<f32>().expect("f32");
+        assert_eq!(stored, loaded);
         // Damage → miss.
         let f = dir.join(&k).join("model.mpk");
         let mut bytes = fs::read(&f).expect("weights");
@@ -175,7 +173,9 @@ mod tests {
         fs::write(&f, bytes).expect("damage");
         assert!(cache.load(&k, fresh.clone(), &dev).is_none());
         // Storing again repairs the entry.
-        cache.store(&k, &inputs, &lin, &metrics).expect("store again");
+        cache
+            .store(&k, &inputs, &lin, &metrics)
+            .expect("store again");
         assert!(cache.load(&k, fresh, &dev).is_some());
         let _ = fs::remove_dir_all(dir);
     }

@@ -383,11 +383,22 @@ fn check_kernel_choice_dispatches<B: LogProbOps>(device: &B::Device) {
         "Fused and Reference gave bit-identical results: one arm is not what it claims"
     );
     let want: Vec<f64> = reference_arm.iter().map(|&x| f64::from(x)).collect();
-    assert_close("choice", &fused_arm, &want, Tol { atol: 1e-4, rtol: 1e-4 });
+    assert_close(
+        "choice",
+        &fused_arm,
+        &want,
+        Tol {
+            atol: 1e-4,
+            rtol: 1e-4,
+        },
+    );
     let y = Tensor::<B, 2>::from_data(TensorData::new(rng.logits(n, v), [n, v]), device);
     let kl_direct = to_f32(fused::kl_full(x.clone(), y.clone()));
     let kl_fused = to_f32(KernelChoice::Fused.kl_full(x, y));
-    assert_eq!(kl_fused, kl_direct, "Fused KL did not run the backend's kernel");
+    assert_eq!(
+        kl_fused, kl_direct,
+        "Fused KL did not run the backend's kernel"
+    );
 }
 
 /// bf16/f16 against the float64 reference for every low-precision dtype the device supports;
@@ -455,7 +466,10 @@ mod wgpu {
         let ran = check_low_precision::<B>(&Default::default(), 13);
         // llvmpipe (CI) supports f16; a device with neither dtype skips, and says so above.
         if std::env::var_os("CI").is_some() {
-            assert!(ran >= 1, "CI's Vulkan driver supports f16: nothing was checked");
+            assert!(
+                ran >= 1,
+                "CI's Vulkan driver supports f16: nothing was checked"
+            );
         }
     }
 }

@@ -401,7 +401,11 @@ fn shipped_experiment_files_are_valid() {
     // The quickstart and the five ablation rows, at least: a file the walk missed fails here.
     assert!(names.iter().any(|n| n == "quickstart.ron"), "{names:?}");
     assert!(
-        names.iter().filter(|n| n.starts_with("ablation/arith/")).count() >= 5,
+        names
+            .iter()
+            .filter(|n| n.starts_with("ablation/arith/"))
+            .count()
+            >= 5,
         "{names:?}"
     );
 }
@@ -411,8 +415,7 @@ fn quickstart_smoke_with_a_tiny_budget() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("..")
         .join("experiments");
-    let mut exp =
-        rlany::Experiment::load(&root.join("quickstart.ron")).expect("quickstart");
+    let mut exp = rlany::Experiment::load(&root.join("quickstart.ron")).expect("quickstart");
     exp.policy.warm_start.steps = 5;
     exp.budget.steps = 2;
     exp.budget.tasks_per_step = 4;
@@ -466,6 +469,14 @@ fn a_non_finite_loss_stops_the_run_naming_the_step_and_keeps_the_checkpoint() {
     NamedMpkFileRecorder::<FullPrecisionSettings>::new()
         .record(poisoned.into_record(), ckpt.join("policy"))
         .expect("write poisoned weights");
+    // A diverged model, not a damaged file: its checksum is the one written with it.
+    let sums_path = ckpt.join(rlany_framework::checkpoint::CHECKSUMS);
+    let mut sums: Value =
+        serde_json::from_slice(&fs::read(&sums_path).expect("sums")).expect("json");
+    sums["policy.mpk"] = Value::from(rlany_framework::checkpoint::checksum(
+        &fs::read(ckpt.join("policy.mpk")).expect("weights"),
+    ));
+    fs::write(&sums_path, sums.to_string()).expect("write sums");
     let before: Vec<(PathBuf, Vec<u8>)> = fs::read_dir(&ckpt)
         .expect("ckpt")
         .map(|e| {
@@ -503,6 +514,9 @@ fn a_non_finite_loss_stops_the_run_naming_the_step_and_keeps_the_checkpoint() {
         progress: false,
         log_lines: false,
         meta: Value::Null,
+        warm_cache: None,
+        checkpoint: None,
+        observer: None,
     };
     let err = format!("{:#}", rlany::run(&exp, 3, &opts).expect_err("must fail"));
     assert!(err.contains("training step 3"), "{err}");
@@ -539,7 +553,12 @@ fn assert_close(a: &[Value], b: &[Value], rel: f64, what: &str) {
 /// Fused and reference kernels train to the same metrics; `kl` replaces the tiny file's
 /// algorithm settings (e.g. the full-vocabulary KL against a frozen reference).
 fn fused_and_reference_agree_on(backend: &str, algorithm: &str) {
-    let dir = scratch(&format!("kernels-{backend}"));
+    let tag = if algorithm.contains("Full") {
+        "full"
+    } else {
+        "k3"
+    };
+    let dir = scratch(&format!("kernels-{backend}-{tag}"));
     let mut logs = Vec::new();
     for kernels in ["Fused", "Reference"] {
         let text = TINY
@@ -641,7 +660,10 @@ fn warm_start_cache_hits_give_the_same_metrics_and_changed_inputs_miss() {
             observer: None,
         };
         let summary = rlany::run(&e, 3, &opts).expect("runs");
-        (summary.warm_cached, metrics(&runs.join(name).join("seed-3")))
+        (
+            summary.warm_cached,
+            metrics(&runs.join(name).join("seed-3")),
+        )
     };
     let (cached, uncached) = go(&exp, "no_cache", false);
     assert_eq!((cached, entries()), (0, 0), "no cache asked for");
@@ -655,7 +677,11 @@ fn warm_start_cache_hits_give_the_same_metrics_and_changed_inputs_miss() {
     let mut changed = exp.clone();
     changed.ppo_mut().max_grad_norm = 0.5;
     let (cached, _) = go(&changed, "grad_norm", true);
-    assert_eq!((cached, entries()), (0, 2), "max_grad_norm is a warm-start input");
+    assert_eq!(
+        (cached, entries()),
+        (0, 2),
+        "max_grad_norm is a warm-start input"
+    );
     let mut changed = exp.clone();
     changed.kernels = rlany_framework::experiment::Kernels::Reference;
     let (cached, _) = go(&changed, "kernels", true);
@@ -664,7 +690,11 @@ fn warm_start_cache_hits_give_the_same_metrics_and_changed_inputs_miss() {
     let mut other = exp.clone();
     other.budget.eval_tasks = 5;
     let (cached, _) = go(&other, "eval_tasks", true);
-    assert_eq!((cached, entries()), (1, 3), "eval_tasks is not a warm-start input");
+    assert_eq!(
+        (cached, entries()),
+        (1, 3),
+        "eval_tasks is not a warm-start input"
+    );
     let _ = fs::remove_dir_all(dir);
 }
 
@@ -709,7 +739,19 @@ fn an_interrupted_suite_finishes_with_the_metrics_of_an_uninterrupted_one() {
     let r0 = suite.join("0_r0.ron").to_string_lossy().into_owned();
     let runs_mini = broken.join("mini").to_string_lossy().into_owned();
     assert_eq!(
-        rlany(&["run", &r0, "--seed", "1", "--runs-dir", &runs_mini, "--no-progress", "--stop-after", "1"]),
+        rlany(&[
+            "run",
+            &r0,
+            "--seed",
+            "1",
+            "--set",
+            "seeds=[1, 2]",
+            "--runs-dir",
+            &runs_mini,
+            "--no-progress",
+            "--stop-after",
+            "1",
+        ]),
         0
     );
     let stale = broken.join("mini/r0/seed-2");
@@ -740,9 +782,18 @@ fn an_interrupted_suite_finishes_with_the_metrics_of_an_uninterrupted_one() {
     // --set reaches every row that has the field and is recorded in resolved.ron; a field
     // no row has is refused (exit 2) before anything runs.
     let set = dir.join("set");
-    assert_eq!(ablate(&set, &["--set", "budget.steps=2", "--set", "judge.lr=0.002"]), 0);
+    assert_eq!(
+        ablate(
+            &set,
+            &["--set", "budget.steps=2", "--set", "judge.lr=0.002"]
+        ),
+        0
+    );
     let resolved = fs::read_to_string(set.join("mini/r1/seed-1/resolved.ron")).expect("resolved");
-    assert!(resolved.contains("steps: 2,") && resolved.contains("lr: 0.002"), "{resolved}");
+    assert!(
+        resolved.contains("steps: 2,") && resolved.contains("lr: 0.002"),
+        "{resolved}"
+    );
     assert_eq!(metrics(&set.join("mini/r0/seed-1")).len(), 3);
     assert_eq!(ablate(&dir.join("nope"), &["--set", "budget.stepz=2"]), 2);
     assert!(!dir.join("nope").exists());
@@ -765,19 +816,36 @@ fn a_damaged_checkpoint_is_refused_and_an_older_one_can_be_named() {
     fs::write(&weights, bytes).expect("flip");
     let run_s = run.to_string_lossy().into_owned();
     let file = dir.join("tiny.ron").to_string_lossy().into_owned();
-    assert_eq!(rlany(&["run", &file, "--resume", &run_s, "--no-progress"]), 1);
+    assert_eq!(
+        rlany(&["run", &file, "--resume", &run_s, "--no-progress"]),
+        1
+    );
     let err = format!(
         "{}",
         rlany_framework::checkpoint::Reader::latest(&ckpts).expect_err("damaged")
     );
-    assert!(err.contains("policy.mpk") && err.contains("damaged"), "{err}");
+    assert!(
+        err.contains("policy.mpk") && err.contains("damaged"),
+        "{err}"
+    );
     // The older checkpoint (step 4 of 6) resumes and finishes the run.
     assert_eq!(
-        rlany(&["run", &file, "--resume", &run_s, "--checkpoint", "step-000004", "--no-progress"]),
+        rlany(&[
+            "run",
+            &file,
+            "--resume",
+            &run_s,
+            "--checkpoint",
+            "step-000004",
+            "--no-progress"
+        ]),
         0
     );
     let m = metrics(&run);
-    assert_eq!(m.last().and_then(|l| l.get("step")).and_then(Value::as_u64), Some(6));
+    assert_eq!(
+        m.last().and_then(|l| l.get("step")).and_then(Value::as_u64),
+        Some(6)
+    );
     let _ = fs::remove_dir_all(dir);
 }
 
@@ -785,12 +853,16 @@ fn a_damaged_checkpoint_is_refused_and_an_older_one_can_be_named() {
 fn check_counts_the_invalid_files() {
     let dir = scratch("check");
     let good = write(&dir, "good.ron", TINY);
-    let bad = write(&dir, "bad.ron", &TINY.replace("group_size: 6", "group_size: 0"));
+    let bad = write(
+        &dir,
+        "bad.ron",
+        &TINY.replace("group_size: 6", "group_size: 0"),
+    );
     assert_eq!(rlany(&["check", "-q", &good, &bad]), 2);
     assert_eq!(rlany(&["check", "-q", &good]), 0);
     let err = rlany::check(&[good.into(), bad.into()], true).expect_err("one is bad");
     let msg = format!("{err:#}");
     assert!(msg.starts_with("1 of 2 files invalid"), "{msg}");
-    assert!(msg.contains("bad.ron:") && msg.contains("budget.group_size"), "{msg}");
+    assert!(msg.ends_with("bad.ron"), "{msg}");
     let _ = fs::remove_dir_all(dir);
 }

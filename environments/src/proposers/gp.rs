@@ -48,12 +48,12 @@ use egobox_gp::{GaussianProcess, ThetaTuning};
 use linfa::prelude::{Dataset, Fit};
 use ndarray::{Array1, Array2};
 use rlany_framework::Rng;
-use rlany_framework::check::{self, Checked};
-use rlany_framework::plugin::{ProposerContext, ProposerPlugin};
 use rlany_framework::adapt::{
     AdaptError, CriticFeedback, Direction, Observation, Posterior, PosteriorSlice, Proposer,
     clamp_unit, threshold_move,
 };
+use rlany_framework::check::{self, Checked};
+use rlany_framework::plugin::{ProposerContext, ProposerPlugin};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -830,10 +830,13 @@ mod tests {
     fn gp_ucb_reaches_target_band() {
         let mut counts = Vec::new();
         for seed in 0..5u64 {
-            let mut gp = Gp::new(GpSpec {
-                acquisition: Acquisition::Ucb { beta: 2.0 },
-                ..gp_config()
-            }, 100);
+            let mut gp = Gp::new(
+                GpSpec {
+                    acquisition: Acquisition::Ucb { beta: 2.0 },
+                    ..gp_config()
+                },
+                100,
+            );
             counts.push(simulate(&mut gp, 100 + seed, 60).unwrap_or(61));
         }
         eprintln!("gp ucb proposals: {counts:?}");
@@ -972,8 +975,14 @@ mod tests {
             flagged_steps: 1,
             steps: 3,
         };
-        let d =
-            Gp::new(gp_config(), 100).propose(&[0.5, 0.5], 1.0, Direction::Harder, &fb1, 0, &mut rng);
+        let d = Gp::new(gp_config(), 100).propose(
+            &[0.5, 0.5],
+            1.0,
+            Direction::Harder,
+            &fb1,
+            0,
+            &mut rng,
+        );
         assert_eq!(d, vec![0.5, 0.6]);
     }
 }

@@ -161,7 +161,11 @@ where
                 let old_lp = target_logprobs(old_logits, &inner, params.kernels);
                 let new_logits = model.forward(batch.inputs.clone());
                 let new_lp = target_logprobs(new_logits.clone(), &batch, params.kernels);
-                let kl = full_kl(new_logits, Tensor::from_inner(target_logits), params.kernels);
+                let kl = full_kl(
+                    new_logits,
+                    Tensor::from_inner(target_logits),
+                    params.kernels,
+                );
                 (new_lp, old_lp, KlTerm::Exact(kl))
             }
         };
@@ -179,7 +183,8 @@ where
             return Err(NonFinite("loss"));
         }
         let norm;
-        (model, norm) = crate::ppo::clip::step(model, optim, out.loss, params.lr, params.max_grad_norm);
+        (model, norm) =
+            crate::ppo::clip::step(model, optim, out.loss, params.lr, params.max_grad_norm);
         if !norm.is_finite() {
             return Err(NonFinite("gradient norm"));
         }
@@ -213,7 +218,10 @@ fn full_kl<B: rlany_kernels::LogProbOps>(
     let [b, t, v] = logits.dims();
     // [b, t, v] → [b·t, v] → [b·t] → [b, t]
     kernels
-        .kl_full(logits.reshape([b * t, v]), target_logits.reshape([b * t, v]))
+        .kl_full(
+            logits.reshape([b * t, v]),
+            target_logits.reshape([b * t, v]),
+        )
         .reshape([b, t])
 }
 
