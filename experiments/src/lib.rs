@@ -480,10 +480,12 @@ pub fn summary_line(
         if s.interrupted { "stopped" } else { "finished" },
         s.last_step,
         wall_s,
-        if s.warm_cached > 0 {
-            " (warm start from cache)"
-        } else {
-            ""
+        match s.warm_cached {
+            0 => String::new(),
+            n => format!(
+                " ({n} warm start{} from the cache)",
+                if n > 1 { "s" } else { "" }
+            ),
         },
         f(s.acc_id_start),
         f(s.acc_id_end),

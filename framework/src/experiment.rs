@@ -66,8 +66,6 @@ pub enum BackendKind {
     Cuda(usize),
 }
 
-/// The root of an experiment file.
-
 /// The longest experiment name: it names a directory (`runs/<name>/`), and file systems
 /// refuse names over 255 bytes; a margin leaves room for suffixes such as `.tmp`.
 pub const MAX_NAME_LEN: usize = 120;

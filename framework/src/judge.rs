@@ -17,7 +17,7 @@ use crate::lm::{CausalLm, SampleParams, Tokenizer};
 use crate::reward::Verdict;
 use crate::rng::Rng;
 use crate::rollout::{Trajectory, rollout};
-use burn::prelude::Backend;
+use burn::prelude::*;
 
 /// One judged policy step: the judge's prompt, its `m` sampled tokens and verdicts.
 #[derive(Debug, Clone, PartialEq)]
@@ -117,24 +117,97 @@ pub fn judge_steps<B: Backend, M: CausalLm<B>>(
     if judged.is_empty() || votes == 0 {
         return judged;
     }
-    let prompts: Vec<Vec<u32>> = judged
-        .iter()
-        .flat_map(|j| std::iter::repeat_n(j.prompt.clone(), votes))
-        .collect();
-    let params = SampleParams {
-        temperature,
-        top_p: 1.0,
-        max_new_tokens: 1,
-        stop_tokens: Vec::new(),
+    // A verdict is one token: the m votes are m draws from the same next-token distribution,
+    // so each prompt is run through the judge once (not once per vote).
+    let Some(device) = judge.devices().into_iter().next() else {
+        return judged;
     };
-    let gens = judge.generate(&prompts, &params, rng);
-    for (k, g) in gens.into_iter().enumerate() {
-        let token = g.tokens.first().copied().unwrap_or(tok.pad());
-        let j = &mut judged[k / votes];
-        j.tokens.push(token);
-        j.verdicts.push(parse_verdict(tok, token));
+    for chunk in judged.chunks_mut(VOTE_BATCH) {
+        let prompts: Vec<&[u32]> = chunk.iter().map(|j| j.prompt.as_slice()).collect();
+        let rows = last_logits(judge, &prompts, tok.pad(), &device);
+        for (j, row) in chunk.iter_mut().zip(rows) {
+            for _ in 0..votes {
+                let token = sample_token(&row, temperature, rng);
+                j.tokens.push(token);
+                j.verdicts.push(parse_verdict(tok, token));
+            }
+        }
     }
     judged
+}
+
+/// Judge prompts run through the model per forward pass.
+const VOTE_BATCH: usize = 256;
+
+/// Next-token logits after each prompt (host copies, one `Vec` per prompt).
+///
+/// # Shapes
+/// - forward input: `[n, longest prompt]`, right-padded; output `[n, seq, vocab]`
+fn last_logits<B: Backend, M: CausalLm<B>>(
+    model: &M,
+    prompts: &[&[u32]],
+    pad: u32,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    let n = prompts.len();
+    let width = prompts.iter().map(|p| p.len()).max().unwrap_or(1).max(1);
+    let mut ids = vec![i64::from(pad); n * width];
+    for (r, p) in prompts.iter().enumerate() {
+        for (c, &t) in p.iter().enumerate() {
+            ids[r * width + c] = i64::from(t);
+        }
+    }
+    let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [n, width]), device);
+    let logits = model.forward(tokens);
+    let [_, seq, vocab] = logits.dims();
+    // [n, seq, vocab] → [n·seq, vocab] → the row of each prompt's last position → [n, vocab]
+    let last: Vec<i64> = prompts
+        .iter()
+        .enumerate()
+        .map(|(r, p)| (r * seq + p.len().clamp(1, seq) - 1) as i64)
+        .collect();
+    let index = Tensor::<B, 1, Int>::from_data(TensorData::new(last, [n]), device);
+    let picked = logits.reshape([n * seq, vocab]).select(0, index);
+    let flat: Vec<f32> = picked
+        .into_data()
+        .convert::<f32>()
+        .to_vec()
+        .unwrap_or_default();
+    flat.chunks(vocab).map(<[f32]>::to_vec).collect()
+}
+
+/// One token from `softmax(logits / temperature)` (argmax at temperature 0); non-finite
+/// logits count as impossible tokens.
+fn sample_token(logits: &[f32], temperature: f64, rng: &mut Rng) -> u32 {
+    let argmax = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.is_finite())
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map_or(0, |(i, _)| i);
+    if temperature <= 0.0 {
+        return argmax as u32;
+    }
+    let top = f64::from(logits[argmax]);
+    let weights: Vec<f64> = logits
+        .iter()
+        .map(|&l| {
+            if l.is_finite() {
+                ((f64::from(l) - top) / temperature).exp()
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let total: f64 = weights.iter().sum();
+    let mut u = rng.uniform() * total;
+    for (i, w) in weights.iter().enumerate() {
+        if u < *w {
+            return i as u32;
+        }
+        u -= w;
+    }
+    argmax as u32
 }
 
 /// Oracle-labelled judge examples for the judge's warm start: `(prompt tokens, label)` for
@@ -240,6 +313,24 @@ pub fn quality(judged: &[JudgedStep], trajs: &[Trajectory]) -> JudgeQuality {
 
 #[cfg(test)]
 mod tests {
+    use super::sample_token;
+
+    #[test]
+    fn votes_are_draws_from_the_tempered_softmax() {
+        let mut rng = crate::rng::Rng::new(5);
+        // Temperature 0: the argmax; non-finite logits are never drawn.
+        assert_eq!(sample_token(&[0.1, 2.0, f32::NAN], 0.0, &mut rng), 1);
+        assert_eq!(sample_token(&[f32::NEG_INFINITY, -1.0], 1.0, &mut rng), 1);
+        // softmax([0, ln 3]) = (1/4, 3/4); at temperature 2: (1/(1+√3), √3/(1+√3)) = (0.366, 0.634).
+        for (t, p1) in [(1.0, 0.75), (2.0, 3f64.sqrt() / (1.0 + 3f64.sqrt()))] {
+            let n = 20_000;
+            let ones = (0..n)
+                .filter(|_| sample_token(&[0.0, 3f32.ln()], t, &mut rng) == 1)
+                .count();
+            let freq = ones as f64 / n as f64;
+            assert!((freq - p1).abs() < 0.015, "T {t}: {freq} vs {p1}");
+        }
+    }
     use super::*;
     use crate::rollout::StepSpan;
 

@@ -116,6 +116,9 @@ impl StepBatch {
     }
 }
 
+/// Episodes paired with the index of their group.
+pub type Episodes = Vec<(usize, Box<dyn Episode>)>;
+
 /// Phase 1, tasks: one fresh task per slot (and per pending proposal), shared by the `G`
 /// rollouts of its group. Each task is drawn from its own seed, taken from `task_rng` in slot
 /// order. Returns the groups (members still empty) and the episodes paired with their group.
@@ -124,7 +127,7 @@ pub fn draw_tasks(
     env: &dyn Environment,
     group_size: usize,
     task_rng: &mut Rng,
-) -> (Vec<Group>, Vec<(usize, Box<dyn Episode>)>) {
+) -> (Vec<Group>, Episodes) {
     let mut groups = Vec::new();
     let mut episodes = Vec::new();
     for (k, slot) in slots.iter().enumerate() {

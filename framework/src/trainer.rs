@@ -348,30 +348,36 @@ where
     M: CausalLm<B> + AutodiffModule<B>,
     M::InnerModule: CausalLm<B::InnerBackend>,
 {
+    /// The context of a run whose policy is `parts.policy` (the judge is set by the caller).
     fn new(
         cfg: Settings,
         seed: u64,
-        parts: &Components<'a, M>,
-        policy: M,
+        parts: Components<'a, M>,
         device: &'a B::Device,
         opts: &'a TrainOptions,
         dir: RunDir,
-        proposer: Box<dyn Proposer>,
     ) -> Self {
+        let Components {
+            env,
+            tok,
+            policy,
+            judge: _,
+            proposer,
+        } = parts;
         let adamw = AdamWConfig::new().with_weight_decay(cfg.ppo.weight_decay as f32);
         let params = SampleParams {
             temperature: cfg.sampling.temperature,
             top_p: cfg.sampling.top_p,
             max_new_tokens: cfg.sampling.max_step_tokens,
-            stop_tokens: vec![parts.tok.step_delimiter(), parts.tok.eos()],
+            stop_tokens: vec![tok.step_delimiter(), tok.eos()],
         };
         let slots = vec![AdaptSlot::new(cfg.start.clone()); cfg.budget.tasks_per_step];
         let state = TrainerState::fresh(seed, slots, proposer.as_ref());
         Self {
             cfg,
             seed,
-            env: parts.env,
-            tok: parts.tok,
+            env,
+            tok,
             proposer,
             device,
             opts,
@@ -443,9 +449,9 @@ where
                 policy
             }
         };
-        let proposer = std::mem::replace(&mut parts.proposer, Box::new(crate::adapt::Static));
         let fresh_judge = parts.judge.take();
-        let mut run = Self::new(cfg, seed, &parts, policy, device, opts, dir, proposer);
+        parts.policy = policy;
+        let mut run = Self::new(cfg, seed, parts, device, opts, dir);
         run.summary.warm_cached = cached;
         run.judge = match fresh_judge {
             Some(j) => Some(run.cached_judge_warm_start(j, &mut m, cache.as_ref())?),
@@ -454,6 +460,7 @@ where
         run.reference =
             matches!(run.cfg.ppo.kl.target, KlTarget::Reference).then(|| run.policy.valid());
         let (id, ood) = run.evaluate(&mut m, 0)?;
+        run.set_compute(&mut m);
         run.summary.acc_id_start = Some(id);
         run.summary.acc_ood_start = Some(ood);
         run.dir.log(&m)?;
@@ -575,9 +582,9 @@ where
             KlTarget::Old => None,
         };
         let policy = ckpt.module("policy", parts.policy.clone(), device)?;
-        let proposer = std::mem::replace(&mut parts.proposer, Box::new(crate::adapt::Static));
         let fresh_judge = parts.judge.take();
-        let mut run = Self::new(cfg, seed, &parts, policy, device, opts, dir, proposer);
+        parts.policy = policy;
+        let mut run = Self::new(cfg, seed, parts, device, opts, dir);
         run.reference = reference;
         run.policy_optim = ckpt.optim("policy_optim", run.policy_optim, device)?;
         if let Some(j) = fresh_judge {
@@ -784,11 +791,7 @@ where
         c.policy_steps += batch.policy_stats.as_ref().map_or(0, |s| s.updates as u64);
         c.judge_steps += batch.judge_stats.as_ref().map_or(0, |s| s.updates as u64);
         c.judged_steps += batch.judged.len() as u64;
-        m.set("compute/rollouts", c.rollouts as f64);
-        m.set("compute/gen_tokens", c.gen_tokens as f64);
-        m.set("compute/policy_steps", c.policy_steps as f64);
-        m.set("compute/judge_steps", c.judge_steps as f64);
-        m.set("compute/judged_steps", c.judged_steps as f64);
+        self.set_compute(&mut m);
         self.dir.append(
             "adaptation.jsonl",
             &serde_json::json!({
@@ -798,7 +801,7 @@ where
                 "proposals": batch.proposals,
             }),
         )?;
-        if step % eval_every == 0 || step == steps {
+        if step.is_multiple_of(eval_every) || step == steps {
             let t = Instant::now();
             let (id, ood) = self.evaluate(&mut m, step)?;
             self.summary.acc_id_end = Some(id);
@@ -817,13 +820,23 @@ where
                 plain_line(&m, steps)
             );
         }
-        if step % ckpt_every == 0 || step == steps {
+        if step.is_multiple_of(ckpt_every) || step == steps {
             self.save()?;
         }
         if let Some(o) = &self.opts.observer {
             (o.0)(step, steps);
         }
         Ok(())
+    }
+
+    /// The cumulative `compute/*` metrics.
+    fn set_compute(&self, m: &mut Metrics) {
+        let c = &self.state.compute;
+        m.set("compute/rollouts", c.rollouts as f64);
+        m.set("compute/gen_tokens", c.gen_tokens as f64);
+        m.set("compute/policy_steps", c.policy_steps as f64);
+        m.set("compute/judge_steps", c.judge_steps as f64);
+        m.set("compute/judged_steps", c.judged_steps as f64);
     }
 
     /// Writes one checkpoint of everything the loop needs to continue.

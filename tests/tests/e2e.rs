@@ -590,7 +590,7 @@ fn fused_and_reference_agree_on(backend: &str, algorithm: &str) {
         let kl = logs[0]
             .iter()
             .filter_map(|m| m.get("policy/kl").and_then(Value::as_f64))
-            .last()
+            .next_back()
             .unwrap_or(0.0);
         assert!(kl > 0.0, "{algorithm}: KL {kl}");
     }
