@@ -41,7 +41,7 @@ pub(crate) const OUTCOME: &[&str] = &["judge/outcome_acc"];
 
 const ACC: &str = "accuracy (0–1)";
 const STEP: &str = "training step";
-const BAND_NOTE: &str = "Lines: mean over seeds; bands: 95% CI of the mean (Student t); no band where one seed has the step.";
+const BAND_NOTE: &str = "Lines: mean over seeds; bands: 95% CI of the mean (Student t), clipped to the metric's range (fractions to [0, 1], entropies and norms at 0); no band where one seed has the step.";
 
 /// Every figure of the report for `suite`.
 pub(crate) fn plan(suite: &Suite) -> Vec<Planned> {
@@ -99,15 +99,43 @@ fn row_curve(row: &Row, keys: &[&str], x: XAxis) -> Vec<Aggregate> {
     aggregate_by_step(&curves)
 }
 
+/// The range a metric can take, for clipping its CI band (an interval of the mean with few
+/// seeds reaches past it: a clip fraction below 0, an accuracy above 1).
+fn domain(keys: &[&str]) -> (f64, f64) {
+    let bounded = |k: &&str| {
+        k.ends_with("clipfrac")
+            || k.contains("acc")
+            || k.ends_with("format_fail")
+            || k.ends_with("_rate")
+    };
+    let non_negative = |k: &&str| k.ends_with("entropy") || k.ends_with("grad_norm");
+    if !keys.is_empty() && keys.iter().all(bounded) {
+        (0.0, 1.0)
+    } else if !keys.is_empty() && keys.iter().all(non_negative) {
+        (0.0, f64::INFINITY)
+    } else {
+        (f64::NEG_INFINITY, f64::INFINITY)
+    }
+}
+
 /// Line and CI band of an aggregated curve; the line breaks across `gaps` (steps where every
-/// seed logged `null`, so no value exists: nothing is drawn through them).
-fn curve_layers(c: RGBColor, agg: &[Aggregate], gaps: &BTreeSet<u64>, dots: bool) -> Vec<Layer> {
+/// seed logged `null`, so no value exists: nothing is drawn through them). The band is clipped
+/// to the metric's `range`.
+fn curve_layers(
+    c: RGBColor,
+    agg: &[Aggregate],
+    gaps: &BTreeSet<u64>,
+    dots: bool,
+    range: (f64, f64),
+) -> Vec<Layer> {
     let mut segments: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new()];
     for a in agg {
         match a.y.half_width {
             Some(h) => {
                 if let Some(s) = segments.last_mut() {
-                    s.push((a.x, a.y.mean - h, a.y.mean + h));
+                    let lo = (a.y.mean - h).max(range.0);
+                    let hi = (a.y.mean + h).min(range.1);
+                    s.push((a.x, lo, hi));
                 }
             }
             None => segments.push(Vec::new()),
@@ -217,7 +245,7 @@ fn experiments_panel(
         }
         if !agg.is_empty() {
             x_max = agg.iter().map(|a| a.x).fold(x_max, f64::max);
-            for l in curve_layers(color(i), &agg, &null_steps, agg.len() <= 12) {
+            for l in curve_layers(color(i), &agg, &null_steps, agg.len() <= 12, domain(keys)) {
                 match l {
                     Layer::Band { .. } => bands.push(l),
                     _ => lines.push(l),
