@@ -194,6 +194,12 @@ pub fn ablate(o: &SuiteOptions) -> Result<()> {
             ));
             continue;
         }
+        if let RunState::Interrupted(step) = state {
+            say(&format!(
+                "{} seed {seed}: interrupted, resuming from its checkpoint at step {step}",
+                exp.name
+            ));
+        }
         if state == RunState::Stale {
             say(&format!(
                 "{} seed {seed}: no checkpoint (killed during its warm start), starting again",
