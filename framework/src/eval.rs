@@ -21,19 +21,38 @@ pub struct EvalResult {
     pub trajectories: Vec<Trajectory>,
 }
 
-/// Plays `n` tasks of `split` at difficulty `d` greedily.
-#[allow(clippy::too_many_arguments)]
+/// What one evaluation plays.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EvalSpec<'a> {
+    /// Which split.
+    pub split: Split,
+    /// The difficulty of its tasks.
+    pub difficulty: &'a [f64],
+    /// How many tasks.
+    pub tasks: usize,
+    /// The run's seed (the task set derives from it).
+    pub seed: u64,
+    /// Most tokens per step.
+    pub max_step_tokens: usize,
+    /// Most steps per episode.
+    pub max_env_steps: usize,
+}
+
+/// Plays `spec.tasks` tasks of `spec.split` greedily.
 pub fn evaluate<B: Backend, M: CausalLm<B>>(
     model: &M,
     env: &dyn Environment,
     tok: &dyn Tokenizer,
-    split: Split,
-    d: &[f64],
-    n: usize,
-    seed: u64,
-    max_step_tokens: usize,
-    max_env_steps: usize,
+    spec: &EvalSpec<'_>,
 ) -> EvalResult {
+    let EvalSpec {
+        split,
+        difficulty: d,
+        tasks: n,
+        seed,
+        max_step_tokens,
+        max_env_steps,
+    } = *spec;
     let mut task_rng = Rng::derive(
         seed,
         if split == Split::Ood {

@@ -210,21 +210,36 @@ fn sample_token(logits: &[f32], temperature: f64, rng: &mut Rng) -> u32 {
     argmax as u32
 }
 
+/// How many labelled steps to collect for the judge's warm start, and how.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LabelSpec {
+    /// Labelled steps collected.
+    pub n: usize,
+    /// Probability that a label is flipped.
+    pub label_noise: f64,
+    /// The judge's context length (prompts are fitted into it).
+    pub judge_max_len: usize,
+    /// Most policy steps per episode.
+    pub max_env_steps: usize,
+}
+
 /// Oracle-labelled judge examples for the judge's warm start: `(prompt tokens, label)` for
-/// `n` steps of `policy`'s own rollouts (temperature-1 sampling, random difficulties), each
-/// label flipped with probability `label_noise`.
-#[allow(clippy::too_many_arguments)]
+/// `spec.n` steps of `policy`'s own rollouts (sampled with `params`, random difficulties),
+/// each label flipped with probability `spec.label_noise`.
 pub fn labelled_steps<B: Backend, P: CausalLm<B>>(
     policy: &P,
     env: &dyn Environment,
     tok: &dyn Tokenizer,
-    n: usize,
-    label_noise: f64,
-    judge_max_len: usize,
+    spec: &LabelSpec,
     params: &SampleParams,
-    max_env_steps: usize,
     rng: &mut Rng,
 ) -> Vec<(Vec<u32>, bool)> {
+    let LabelSpec {
+        n,
+        label_noise,
+        judge_max_len,
+        max_env_steps,
+    } = *spec;
     let dims = env.difficulty_space().len();
     let mut out = Vec::with_capacity(n);
     // A bounded number of rounds: an environment whose episodes take no step cannot loop forever.

@@ -22,7 +22,7 @@
 use crate::adapt::{AdaptCounts, AdaptSlot, Proposer};
 use crate::checkpoint::{self, CheckpointError};
 use crate::env::{Difficulty, Environment, Split};
-use crate::eval::evaluate;
+use crate::eval::{EvalSpec, evaluate};
 use crate::experiment::{
     Budget, Experiment, JudgeModelSpec, JudgeSpec, KlTarget, PpoSpec, RewardSpec, Sampling,
     WarmStart,
@@ -37,7 +37,7 @@ use crate::rollout::rollout;
 use crate::rundir::{Metrics, RunDir, RunDirError};
 use crate::step::{self, StepBatch};
 use crate::warmcache::{self, WarmCache};
-use crate::warmstart::{supervised, warm_start};
+use crate::warmstart::{SftOptions, supervised, warm_start};
 use burn::module::AutodiffModule;
 use burn::optim::AdamW;
 use burn::optim::AdamWConfig;
@@ -426,15 +426,21 @@ where
                 policy
             }
             None => {
+                let sft = SftOptions {
+                    steps: cfg.warm_start.steps,
+                    lr: cfg.warm_start.lr,
+                    max_grad_norm: cfg.ppo.max_grad_norm,
+                    label: "warm start",
+                    progress: opts.progress,
+                    kernels: cfg.kernels,
+                };
                 let (policy, loss) = warm_start(
                     parts.policy.clone(),
                     parts.env,
                     parts.tok,
                     &cfg.warm_start,
-                    cfg.ppo.max_grad_norm,
+                    &sft,
                     &mut Rng::derive(seed, "warm-start"),
-                    opts.progress,
-                    cfg.kernels,
                     device,
                 )
                 .map_err(non_finite(0, "policy warm-start"))?;
@@ -515,15 +521,18 @@ where
         };
         let ws = &spec.warm_start;
         let mut rng = Rng::derive(self.seed, "judge-warm-start");
+        let labels = judge::LabelSpec {
+            n: ws.labels,
+            label_noise: ws.label_noise,
+            judge_max_len: judge.max_seq_len(),
+            max_env_steps: self.cfg.budget.max_env_steps,
+        };
         let pool = judge::labelled_steps(
             &self.policy.valid(),
             self.env,
             self.tok,
-            ws.labels,
-            ws.label_noise,
-            judge.max_seq_len(),
+            &labels,
             &self.params,
-            self.cfg.budget.max_env_steps,
             &mut rng,
         );
         m.set("warm/judge_labels", pool.len() as f64);
@@ -541,22 +550,19 @@ where
                 (ids, target)
             })
             .collect();
-        let (judge, loss) = supervised(
-            judge,
-            self.tok,
-            ws.steps,
-            ws.lr,
-            self.cfg.ppo.max_grad_norm,
-            "judge warm",
-            self.opts.progress,
-            self.cfg.kernels,
-            self.device,
-            |_| {
-                (0..ws.batch.min(examples.len()))
-                    .map(|_| examples[rng.below(examples.len())].clone())
-                    .collect()
-            },
-        )
+        let sft = SftOptions {
+            steps: ws.steps,
+            lr: ws.lr,
+            max_grad_norm: self.cfg.ppo.max_grad_norm,
+            label: "judge warm",
+            progress: self.opts.progress,
+            kernels: self.cfg.kernels,
+        };
+        let (judge, loss) = supervised(judge, self.tok, &sft, self.device, |_| {
+            (0..ws.batch.min(examples.len()))
+                .map(|_| examples[rng.below(examples.len())].clone())
+                .collect()
+        })
         .map_err(non_finite(0, "judge warm-start"))?;
         if loss.is_finite() {
             m.set("warm/judge_loss", loss);
@@ -863,17 +869,15 @@ where
         let policy = self.policy.valid();
         let mut pb = progress::bar(3, "eval", self.opts.progress);
         let run_split = |split| {
-            evaluate(
-                &policy,
-                self.env,
-                self.tok,
+            let spec = EvalSpec {
                 split,
-                &self.cfg.start,
-                b.eval_tasks,
+                difficulty: &self.cfg.start,
+                tasks: b.eval_tasks,
                 seed,
-                mst,
-                b.max_env_steps,
-            )
+                max_step_tokens: mst,
+                max_env_steps: b.max_env_steps,
+            };
+            evaluate(&policy, self.env, self.tok, &spec)
         };
         let id = run_split(Split::Eval);
         pb.inc(1);

@@ -31,19 +31,33 @@ fn demo_tokens(tok: &dyn Tokenizer, prompt: &str, steps: &[String]) -> (Vec<u32>
     (ids, trained)
 }
 
+/// How one supervised fine-tuning runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SftOptions {
+    /// AdamW steps.
+    pub steps: usize,
+    /// Initial learning rate (decays linearly to 10%).
+    pub lr: f64,
+    /// Global gradient-norm clip.
+    pub max_grad_norm: f64,
+    /// Progress-bar label.
+    pub label: &'static str,
+    /// Draw a progress bar.
+    pub progress: bool,
+    /// Fused kernels or the reference composition for the token log-probs.
+    pub kernels: KernelChoice,
+}
+
 /// Runs `spec.steps` AdamW steps of supervised fine-tuning on fresh demonstrations and returns
 /// the model and the final loss. Demonstrations are drawn at uniformly random difficulties so
-/// the policy sees the whole training range.
-#[allow(clippy::too_many_arguments)]
+/// the policy sees the whole training range. `opts.steps` and `opts.lr` are `spec`'s.
 pub fn warm_start<B, M>(
     model: M,
     env: &dyn Environment,
     tok: &dyn Tokenizer,
     spec: &WarmStart,
-    max_grad_norm: f64,
+    opts: &SftOptions,
     rng: &mut Rng,
-    show_progress: bool,
-    kernels: KernelChoice,
     device: &B::Device,
 ) -> Result<(M, f64), NonFinite>
 where
@@ -51,41 +65,24 @@ where
     M: CausalLm<B> + AutodiffModule<B>,
 {
     let dims = env.difficulty_space().len();
-    supervised(
-        model,
-        tok,
-        spec.steps,
-        spec.lr,
-        max_grad_norm,
-        "warm start",
-        show_progress,
-        kernels,
-        device,
-        |_| {
-            (0..spec.batch)
-                .map(|_| {
-                    let d: Vec<f64> = (0..dims).map(|_| rng.uniform()).collect();
-                    let (prompt, steps) = env.demonstration(&d, spec.noise, rng);
-                    demo_tokens(tok, &prompt, &steps)
-                })
-                .collect()
-        },
-    )
+    supervised(model, tok, opts, device, |_| {
+        (0..spec.batch)
+            .map(|_| {
+                let d: Vec<f64> = (0..dims).map(|_| rng.uniform()).collect();
+                let (prompt, steps) = env.demonstration(&d, spec.noise, rng);
+                demo_tokens(tok, &prompt, &steps)
+            })
+            .collect()
+    })
 }
 
 /// Supervised fine-tuning: `steps` AdamW steps (learning rate decaying linearly to 10%) of
 /// mean cross-entropy over the target tokens of the batches `next_batch(step)` returns —
 /// `(tokens, is_target)` pairs. Returns the model and the last loss.
-#[allow(clippy::too_many_arguments)]
 pub fn supervised<B, M>(
     mut model: M,
     tok: &dyn Tokenizer,
-    steps: usize,
-    lr: f64,
-    max_grad_norm: f64,
-    label: &str,
-    show_progress: bool,
-    kernels: KernelChoice,
+    opts: &SftOptions,
     device: &B::Device,
     mut next_batch: impl FnMut(usize) -> Vec<(Vec<u32>, Vec<bool>)>,
 ) -> Result<(M, f64), NonFinite>
@@ -93,6 +90,14 @@ where
     B: AutodiffLogProbOps,
     M: CausalLm<B> + AutodiffModule<B>,
 {
+    let SftOptions {
+        steps,
+        lr,
+        max_grad_norm,
+        label,
+        progress: show_progress,
+        kernels,
+    } = *opts;
     let mut optim = AdamWConfig::new().with_weight_decay(0.0).init::<B, M>();
     let mut pb = progress::bar(steps as u64, label, show_progress);
     let mut last = f64::NAN;
