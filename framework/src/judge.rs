@@ -17,6 +17,7 @@ use crate::lm::{CausalLm, SampleParams, Tokenizer};
 use crate::reward::Verdict;
 use crate::rng::Rng;
 use crate::rollout::{Trajectory, rollout};
+use crate::sampling::Sampler;
 use burn::prelude::*;
 
 /// One judged policy step: the judge's prompt, its `m` sampled tokens and verdicts.
@@ -118,16 +119,18 @@ pub fn judge_steps<B: Backend, M: CausalLm<B>>(
         return judged;
     }
     // A verdict is one token: the m votes are m draws from the same next-token distribution,
-    // so each prompt is run through the judge once (not once per vote).
+    // so each prompt is run through the judge once (not once per vote); the draws use the
+    // models' own sampler, one uniform per vote.
     let Some(device) = judge.devices().into_iter().next() else {
         return judged;
     };
+    let mut sampler = Sampler::default();
     for chunk in judged.chunks_mut(VOTE_BATCH) {
         let prompts: Vec<&[u32]> = chunk.iter().map(|j| j.prompt.as_slice()).collect();
         let rows = last_logits(judge, &prompts, tok.pad(), &device);
         for (j, row) in chunk.iter_mut().zip(rows) {
             for _ in 0..votes {
-                let token = sample_token(&row, temperature, rng);
+                let (token, _) = sampler.sample(&row, temperature, 1.0, rng);
                 j.tokens.push(token);
                 j.verdicts.push(parse_verdict(tok, token));
             }
@@ -174,40 +177,6 @@ fn last_logits<B: Backend, M: CausalLm<B>>(
         .to_vec()
         .unwrap_or_default();
     flat.chunks(vocab).map(<[f32]>::to_vec).collect()
-}
-
-/// One token from `softmax(logits / temperature)` (argmax at temperature 0); non-finite
-/// logits count as impossible tokens.
-fn sample_token(logits: &[f32], temperature: f64, rng: &mut Rng) -> u32 {
-    let argmax = logits
-        .iter()
-        .enumerate()
-        .filter(|(_, l)| l.is_finite())
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .map_or(0, |(i, _)| i);
-    if temperature <= 0.0 {
-        return argmax as u32;
-    }
-    let top = f64::from(logits[argmax]);
-    let weights: Vec<f64> = logits
-        .iter()
-        .map(|&l| {
-            if l.is_finite() {
-                ((f64::from(l) - top) / temperature).exp()
-            } else {
-                0.0
-            }
-        })
-        .collect();
-    let total: f64 = weights.iter().sum();
-    let mut u = rng.uniform() * total;
-    for (i, w) in weights.iter().enumerate() {
-        if u < *w {
-            return i as u32;
-        }
-        u -= w;
-    }
-    argmax as u32
 }
 
 /// How many labelled steps to collect for the judge's warm start, and how.
@@ -328,7 +297,11 @@ pub fn quality(judged: &[JudgedStep], trajs: &[Trajectory]) -> JudgeQuality {
 
 #[cfg(test)]
 mod tests {
-    use super::sample_token;
+    use crate::sampling::Sampler;
+
+    fn sample_token(logits: &[f32], t: f64, rng: &mut crate::rng::Rng) -> u32 {
+        Sampler::default().sample(logits, t, 1.0, rng).0
+    }
 
     #[test]
     fn votes_are_draws_from_the_tempered_softmax() {

@@ -22,6 +22,7 @@ pub mod reward;
 pub mod rng;
 pub mod rollout;
 pub mod rundir;
+pub mod sampling;
 pub mod step;
 pub mod trainer;
 pub mod warmcache;

@@ -11,7 +11,6 @@
 //! (arXiv 1904.09751).
 
 mod error;
-mod sampling;
 mod tokenizer;
 mod transformer;
 

@@ -24,7 +24,7 @@ use burn::tensor::activation::{silu, softmax};
 use rlany_framework::{CausalLm, Generation, Rng, SampleParams};
 
 use crate::error::ModelError;
-use crate::sampling::Sampler;
+use rlany_framework::sampling::Sampler;
 
 /// Additive attention bias of a masked-out key. Finite (not `-inf`) so that a query whose
 /// keys are all masked (a left-pad position) gets a harmless uniform row instead of NaN;

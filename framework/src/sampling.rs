@@ -1,12 +1,13 @@
-//! Host-side next-token choice for one row of logits: greedy, or temperature + nucleus
+//! Host-side next-token choice for one row of logits (the models' `generate` and the judge's
+//! votes share it): greedy, or temperature + nucleus
 //! (top-p, Holtzman et al., arXiv 1904.09751) sampling, with the log-probability of the
 //! chosen id under the untempered distribution.
 
-use rlany_framework::Rng;
+use crate::rng::Rng;
 
 /// Reusable buffers so a decode step allocates nothing per row.
 #[derive(Debug, Default)]
-pub(crate) struct Sampler {
+pub struct Sampler {
     probs: Vec<f64>,
     order: Vec<usize>,
 }
@@ -39,7 +40,7 @@ impl Sampler {
     /// that no prefix reaches it keeps the single most likely id.
     ///
     /// Returns the id and its log-probability under the untempered `log_softmax(logits)`.
-    pub(crate) fn sample(
+    pub fn sample(
         &mut self,
         logits: &[f32],
         temperature: f64,
