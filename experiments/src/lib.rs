@@ -14,6 +14,7 @@ use burn::backend::Autodiff;
 use clap::{Parser, Subcommand};
 pub use plugins::{AdaptationSpec, EnvironmentSpec, Experiment};
 use rlany_framework::adapt::{self, Proposer};
+use rlany_framework::checkpoint;
 use rlany_framework::experiment::{ModelSource, ModelSpec};
 use rlany_framework::plugin::{AdaptationChoice, EnvironmentChoice, ProposerContext};
 use rlany_framework::{
@@ -514,16 +515,10 @@ pub fn meta_json(exp: &Experiment, seed: u64, file: &Path) -> serde_json::Value 
         "seed": seed,
         "backend": format!("{:?}", exp.backend),
         "git_sha": git_sha,
-        "cargo_lock_fnv64": format!("{:016x}", fnv64(include_bytes!("../../Cargo.lock"))),
+        "cargo_lock_fnv64": checkpoint::checksum(include_bytes!("../../Cargo.lock")),
         "start_unix_s": now,
         "start_utc": utc(now),
         "rlany_version": env!("CARGO_PKG_VERSION"),
-    })
-}
-
-fn fnv64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
     })
 }
 
