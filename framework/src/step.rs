@@ -368,9 +368,8 @@ pub fn step_metrics(
         .collect();
     m.set("env/acc_mean", mean(&main_accs));
     m.set("env/step_acc", accuracy(&step_labels));
-    for (d, name) in dim_names.iter().enumerate() {
-        let ds: Vec<f64> = slots.iter().map(|s| s.difficulty[d]).collect();
-        m.set(&format!("env/difficulty/{name}"), mean(&ds));
+    for (name, d) in dim_names.iter().zip(mean_difficulty(slots)) {
+        m.set(&format!("env/difficulty/{name}"), d);
     }
     m.set("env/proposals", counts.proposals as f64);
     m.set("env/accepted", counts.accepted as f64);
@@ -404,6 +403,14 @@ pub fn step_metrics(
         m.set("judge/train_samples", batch.judge_samples.len() as f64);
         set_stats(m, "judge", batch.judge_stats.as_ref());
     }
+}
+
+/// Per dimension, the mean difficulty over the task slots (empty without slots).
+pub fn mean_difficulty(slots: &[AdaptSlot]) -> Vec<f64> {
+    let k = slots.first().map_or(0, |s| s.difficulty.len());
+    (0..k)
+        .map(|d| mean(&slots.iter().map(|s| s.difficulty[d]).collect::<Vec<_>>()))
+        .collect()
 }
 
 fn set_stats(m: &mut Metrics, who: &str, stats: Option<&UpdateStats>) {

@@ -24,8 +24,7 @@ use crate::checkpoint::{self, CheckpointError};
 use crate::env::{Difficulty, Environment, Split};
 use crate::eval::{EvalSpec, evaluate};
 use crate::experiment::{
-    Budget, Experiment, JudgeModelSpec, JudgeSpec, KlTarget, PpoSpec, RewardSpec, Sampling,
-    WarmStart,
+    Budget, Experiment, JudgeSpec, KlTarget, PpoSpec, RewardSpec, Sampling, WarmStart,
 };
 use crate::judge;
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
@@ -39,13 +38,11 @@ use crate::step::{self, StepBatch};
 use crate::warmcache::{self, WarmCache};
 use crate::warmstart::{SftOptions, supervised, warm_start};
 use burn::module::AutodiffModule;
-use burn::optim::AdamW;
-use burn::optim::AdamWConfig;
 use burn::optim::adaptor::OptimizerAdaptor;
-use std::collections::BTreeMap;
-
+use burn::optim::{AdamW, AdamWConfig};
 use rlany_kernels::{AutodiffLogProbOps, KernelChoice};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -130,7 +127,7 @@ pub struct Components<'a, M> {
 }
 
 /// What a finished (or stopped) run reports.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunSummary {
     /// Last training step completed.
     pub last_step: usize,
@@ -211,23 +208,14 @@ struct Settings {
     warm_judge_inputs: serde_json::Value,
 }
 
-/// Serialisation of settings into the JSON a cache key is computed from.
-mod erased {
-    pub trait Json {
-        fn json(&self) -> serde_json::Value;
-    }
-
-    impl<T: serde::Serialize> Json for T {
-        fn json(&self) -> serde_json::Value {
-            serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
-        }
-    }
+/// A setting as the JSON a cache key is computed from.
+fn json<T: Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
 }
 
 impl Settings {
     fn of<E: EnvironmentChoice, A: AdaptationChoice>(exp: &Experiment<E, A>) -> Self {
         let proposer = exp.adaptation.plugin();
-        let json = |v: &dyn erased::Json| v.json();
         let warm_policy_inputs = serde_json::json!({
             "environment": json(&exp.environment),
             "model": json(&exp.policy.model),
@@ -258,10 +246,6 @@ impl Settings {
             band: proposer.map_or((0.2, 0.8), |p| p.band()),
             adaptive: proposer.is_some(),
         }
-    }
-
-    fn judge_spec(&self) -> Option<&JudgeModelSpec> {
-        self.judge.model()
     }
 }
 
@@ -340,6 +324,8 @@ struct Run<'a, B: AutodiffLogProbOps, M: AutodiffModule<B>> {
     /// Rollout sampling (one step = one line).
     params: SampleParams,
     summary: RunSummary,
+    /// Names of the environment's difficulty dimensions.
+    dims: Vec<String>,
 }
 
 impl<'a, B, M> Run<'a, B, M>
@@ -372,6 +358,7 @@ where
             stop_tokens: vec![tok.step_delimiter(), tok.eos()],
         };
         let slots = vec![AdaptSlot::new(cfg.start.clone()); cfg.budget.tasks_per_step];
+        let dims = env.difficulty_space().into_iter().map(|d| d.name).collect();
         let state = TrainerState::fresh(seed, slots, proposer.as_ref());
         Self {
             cfg,
@@ -390,15 +377,8 @@ where
             old_policy: None,
             state,
             params,
-            summary: RunSummary {
-                last_step: 0,
-                acc_id_start: None,
-                acc_ood_start: None,
-                acc_id_end: None,
-                acc_ood_end: None,
-                interrupted: false,
-                warm_cached: 0,
-            },
+            summary: RunSummary::default(),
+            dims,
         }
     }
 
@@ -414,18 +394,12 @@ where
         let mut m = Metrics::new(0);
         let cache = opts.warm_cache.as_ref().map(WarmCache::new);
         let inputs = seeded(&cfg.warm_policy_inputs, seed);
-        let key = warmcache::key(&inputs);
-        let mut cached = 0;
-        let policy = match cache
-            .as_ref()
-            .and_then(|c| c.load(&key, parts.policy.clone(), device))
-        {
-            Some((policy, metrics)) => {
-                metrics.iter().for_each(|(k, v)| m.set(k, *v));
-                cached += 1;
-                policy
-            }
-            None => {
+        let (policy, metrics, hit) = through_cache(
+            cache.as_ref(),
+            &inputs,
+            parts.policy.clone(),
+            device,
+            |fresh| {
                 let sft = SftOptions {
                     steps: cfg.warm_start.steps,
                     lr: cfg.warm_start.lr,
@@ -435,7 +409,7 @@ where
                     kernels: cfg.kernels,
                 };
                 let (policy, loss) = warm_start(
-                    parts.policy.clone(),
+                    fresh,
                     parts.env,
                     parts.tok,
                     &cfg.warm_start,
@@ -444,25 +418,27 @@ where
                     device,
                 )
                 .map_err(non_finite(0, "policy warm-start"))?;
-                let mut metrics = BTreeMap::new();
+                let mut metrics = WarmMetrics::new();
                 if loss.is_finite() {
                     metrics.insert("warm/policy_loss".to_string(), loss);
-                    m.set("warm/policy_loss", loss);
                 }
-                if let Some(c) = &cache {
-                    c.store(&key, &inputs, &policy, &metrics)?;
-                }
-                policy
-            }
-        };
+                Ok((policy, metrics))
+            },
+        )?;
+        metrics.iter().for_each(|(k, v)| m.set(k, *v));
         let fresh_judge = parts.judge.take();
         parts.policy = policy;
         let mut run = Self::new(cfg, seed, parts, device, opts, dir);
-        run.summary.warm_cached = cached;
-        run.judge = match fresh_judge {
-            Some(j) => Some(run.cached_judge_warm_start(j, &mut m, cache.as_ref())?),
-            None => None,
-        };
+        run.summary.warm_cached = usize::from(hit);
+        if let Some(j) = fresh_judge {
+            let inputs = seeded(&run.cfg.warm_judge_inputs, seed);
+            let (judge, metrics, hit) = through_cache(cache.as_ref(), &inputs, j, device, |j| {
+                run.warm_start_judge(j)
+            })?;
+            metrics.iter().for_each(|(k, v)| m.set(k, *v));
+            run.summary.warm_cached += usize::from(hit);
+            run.judge = Some(judge);
+        }
         run.reference =
             matches!(run.cfg.ppo.kl.target, KlTarget::Reference).then(|| run.policy.valid());
         let (id, ood) = run.evaluate(&mut m, 0)?;
@@ -483,41 +459,12 @@ where
         Ok(run)
     }
 
-    /// The judge's warm start, from the cache when an identical one was computed before.
-    fn cached_judge_warm_start(
-        &mut self,
-        judge: M,
-        m: &mut Metrics,
-        cache: Option<&WarmCache>,
-    ) -> Result<M, TrainError> {
-        let inputs = seeded(&self.cfg.warm_judge_inputs, self.seed);
-        let key = warmcache::key(&inputs);
-        if let Some((judge, metrics)) = cache.and_then(|c| c.load(&key, judge.clone(), self.device))
-        {
-            metrics.iter().for_each(|(k, v)| m.set(k, *v));
-            self.summary.warm_cached += 1;
-            return Ok(judge);
-        }
-        let mut fresh = Metrics::new(0);
-        let judge = self.warm_start_judge(judge, &mut fresh)?;
-        let mut metrics = BTreeMap::new();
-        for (k, v) in &fresh.0 {
-            if let Some(x) = v.as_f64().filter(|_| k.starts_with("warm/")) {
-                metrics.insert(k.clone(), x);
-                m.set(k, x);
-            }
-        }
-        if let Some(c) = cache {
-            c.store(&key, &inputs, &judge, &metrics)?;
-        }
-        Ok(judge)
-    }
-
     /// The judge's warm start: supervised on oracle-labelled steps (with label noise) of the
-    /// warm-started policy's own rollouts.
-    fn warm_start_judge(&self, judge: M, m: &mut Metrics) -> Result<M, TrainError> {
-        let Some(spec) = self.cfg.judge_spec() else {
-            return Ok(judge);
+    /// warm-started policy's own rollouts. Returns the judge and its `warm/*` metrics.
+    fn warm_start_judge(&self, judge: M) -> Result<(M, WarmMetrics), TrainError> {
+        let mut m = WarmMetrics::new();
+        let Some(spec) = self.cfg.judge.model() else {
+            return Ok((judge, m));
         };
         let ws = &spec.warm_start;
         let mut rng = Rng::derive(self.seed, "judge-warm-start");
@@ -535,9 +482,9 @@ where
             &self.params,
             &mut rng,
         );
-        m.set("warm/judge_labels", pool.len() as f64);
-        m.set(
-            "warm/judge_pos_rate",
+        m.insert("warm/judge_labels".into(), pool.len() as f64);
+        m.insert(
+            "warm/judge_pos_rate".into(),
             pool.iter().filter(|(_, l)| *l).count() as f64 / pool.len().max(1) as f64,
         );
         let examples: Vec<(Vec<u32>, Vec<bool>)> = pool
@@ -565,9 +512,9 @@ where
         })
         .map_err(non_finite(0, "judge warm-start"))?;
         if loss.is_finite() {
-            m.set("warm/judge_loss", loss);
+            m.insert("warm/judge_loss".into(), loss);
         }
-        Ok(judge)
+        Ok((judge, m))
     }
 
     /// A resumed run: everything restored from the latest checkpoint.
@@ -766,7 +713,7 @@ where
             step::propose(
                 batch,
                 &mut self.state.slots,
-                self.env.difficulty_space().len(),
+                self.dims.len(),
                 self.cfg.band,
                 self.proposer.as_mut(),
                 &mut self.state.adapt_rng,
@@ -784,13 +731,13 @@ where
         let (steps, eval_every, ckpt_every) =
             (budget.steps, budget.eval_every, budget.checkpoint_every);
         let mut m = Metrics::new(step);
-        let names: Vec<String> = self
-            .env
-            .difficulty_space()
-            .into_iter()
-            .map(|d| d.name)
-            .collect();
-        step::step_metrics(&mut m, batch, &self.state.slots, &names, &self.state.counts);
+        step::step_metrics(
+            &mut m,
+            batch,
+            &self.state.slots,
+            &self.dims,
+            &self.state.counts,
+        );
         let c = &mut self.state.compute;
         c.rollouts += batch.trajs.len() as u64;
         c.gen_tokens += batch.generated_tokens() as u64;
@@ -802,7 +749,7 @@ where
             "adaptation.jsonl",
             &serde_json::json!({
                 "step": step,
-                "dims": names,
+                "dims": self.dims,
                 "slots": self.state.slots.iter().map(|s| &s.difficulty).collect::<Vec<_>>(),
                 "proposals": batch.proposals,
             }),
@@ -933,31 +880,46 @@ where
 
     /// Appends the proposer's posterior (if it has a model) to `posterior.jsonl`.
     fn log_posterior(&self, step: usize) -> Result<(), TrainError> {
-        let slots = &self.state.slots;
-        let Some(k) = slots.first().map(|s| s.difficulty.len()) else {
+        let center = step::mean_difficulty(&self.state.slots);
+        if center.is_empty() {
             return Ok(());
-        };
-        let center: Vec<f64> = (0..k)
-            .map(|d| slots.iter().map(|s| s.difficulty[d]).sum::<f64>() / slots.len() as f64)
-            .collect();
+        }
         if let Some(p) = self.proposer.posterior(&center, step, 11) {
             let mut v = serde_json::to_value(&p).unwrap_or_default();
             if let serde_json::Value::Object(o) = &mut v {
-                let names: Vec<String> = self
-                    .env
-                    .difficulty_space()
-                    .into_iter()
-                    .map(|d| d.name)
-                    .collect();
                 o.insert("step".into(), step.into());
                 o.insert("center".into(), serde_json::json!(center));
-                o.insert("names".into(), serde_json::json!(names));
+                o.insert("names".into(), serde_json::json!(self.dims));
                 o.insert("band".into(), serde_json::json!(self.cfg.band));
             }
             self.dir.append("posterior.jsonl", &v)?;
         }
         Ok(())
     }
+}
+
+/// The `warm/*` metrics of one warm start.
+type WarmMetrics = BTreeMap<String, f64>;
+
+/// A warm start taken from `cache` when one with the same `inputs` was stored before, else
+/// computed by `compute` from `fresh` and stored. Returns the model, its `warm/*` metrics and
+/// whether it came from the cache.
+fn through_cache<B: burn::prelude::Backend, M: burn::module::Module<B>>(
+    cache: Option<&WarmCache>,
+    inputs: &serde_json::Value,
+    fresh: M,
+    device: &B::Device,
+    compute: impl FnOnce(M) -> Result<(M, WarmMetrics), TrainError>,
+) -> Result<(M, WarmMetrics, bool), TrainError> {
+    let key = warmcache::key(inputs);
+    if let Some((model, metrics)) = cache.and_then(|c| c.load(&key, fresh.clone(), device)) {
+        return Ok((model, metrics, true));
+    }
+    let (model, metrics) = compute(fresh)?;
+    if let Some(c) = cache {
+        c.store(&key, inputs, &model, &metrics)?;
+    }
+    Ok((model, metrics, false))
 }
 
 /// `inputs` with the seed added: the cache key of one run's warm start.

@@ -55,11 +55,7 @@ impl WarmCache {
         device: &B::Device,
     ) -> Option<(M, BTreeMap<String, f64>)> {
         let entry = self.dir.join(key);
-        let meta: Value = serde_json::from_slice(&fs::read(entry.join("warm.json")).ok()?).ok()?;
-        let want = meta.get("model_checksum")?.as_str()?;
-        if checksum(&fs::read(entry.join("model.mpk")).ok()?) != want {
-            return None;
-        }
+        let meta = self.intact(key)?;
         let record = NamedMpkFileRecorder::<FullPrecisionSettings>::new()
             .load(entry.join("model"), device)
             .ok()?;
@@ -82,7 +78,7 @@ impl WarmCache {
         metrics: &BTreeMap<String, f64>,
     ) -> Result<(), crate::checkpoint::CheckpointError> {
         let entry = self.dir.join(key);
-        if self.intact(key) {
+        if self.intact(key).is_some() {
             return Ok(());
         }
         let _ = fs::remove_dir_all(&entry);
@@ -115,18 +111,14 @@ impl WarmCache {
         Ok(())
     }
 
-    /// Whether the entry `key` is complete and its weights match their checksum.
-    fn intact(&self, key: &str) -> bool {
+    /// The entry `key`'s `warm.json` when the entry is complete and its weights match their
+    /// checksum.
+    fn intact(&self, key: &str) -> Option<Value> {
         let entry = self.dir.join(key);
-        let meta: Option<Value> = fs::read(entry.join("warm.json"))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok());
-        let want = meta
-            .as_ref()
-            .and_then(|m| m.get("model_checksum"))
-            .and_then(Value::as_str);
-        let got = fs::read(entry.join("model.mpk")).ok().map(|b| checksum(&b));
-        want.is_some() && want == got.as_deref()
+        let meta: Value = serde_json::from_slice(&fs::read(entry.join("warm.json")).ok()?).ok()?;
+        let want = meta.get("model_checksum")?.as_str()?;
+        let got = checksum(&fs::read(entry.join("model.mpk")).ok()?);
+        (got == want).then_some(meta)
     }
 
     /// The cache folder.
