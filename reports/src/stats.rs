@@ -289,28 +289,21 @@ fn beta_cf(a: f64, b: f64, x: f64) -> f64 {
     for m in 1..100_000 {
         let m = m as f64;
         let m2 = 2.0 * m;
-        let aa = m * (b - m) * x / ((qam + m2) * (a + m2));
-        d = 1.0 + aa * d;
-        if d.abs() < TINY {
-            d = TINY;
-        }
-        c = 1.0 + aa / c;
-        if c.abs() < TINY {
-            c = TINY;
-        }
-        d = 1.0 / d;
-        h *= d * c;
-        let aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2));
-        d = 1.0 + aa * d;
-        if d.abs() < TINY {
-            d = TINY;
-        }
-        c = 1.0 + aa / c;
-        if c.abs() < TINY {
-            c = TINY;
-        }
-        d = 1.0 / d;
-        let delta = d * c;
+        // One modified-Lentz update of (c, d) for the coefficient `aa`; returns d·c.
+        let mut lentz = |aa: f64| {
+            d = 1.0 + aa * d;
+            if d.abs() < TINY {
+                d = TINY;
+            }
+            c = 1.0 + aa / c;
+            if c.abs() < TINY {
+                c = TINY;
+            }
+            d = 1.0 / d;
+            d * c
+        };
+        h *= lentz(m * (b - m) * x / ((qam + m2) * (a + m2)));
+        let delta = lentz(-(a + m) * (qab + m) * x / ((a + m2) * (qap + m2)));
         h *= delta;
         if (delta - 1.0).abs() < EPS {
             break;
