@@ -6,8 +6,10 @@
 //! different lengths are therefore *not* cut at the shortest: later steps are over fewer seeds,
 //! and the caption names the experiments and steps where that happens.
 
+use crate::grid::{GridTable, steps_text};
 use crate::plot::{Figure, GREEN, GREY, Layer, LegendEntry, Panel, RED, Shape, Swatch, color};
 use crate::runs::{AdaptationStep, PosteriorSnapshot, Run, Verdict};
+use crate::stats::MeanCi;
 use crate::stats::{Aggregate, aggregate_by_step};
 use crate::suite::{Row, Suite};
 use plotters::style::RGBColor;
@@ -30,12 +32,18 @@ pub(crate) struct Planned {
     pub stem: String,
     pub figure: Figure,
     pub caption: String,
+    /// Markdown shown after the caption (a table of the figure's numbers), if any.
+    pub after: Option<String>,
 }
 
 /// p⁺ keys, in order of preference.
 pub(crate) const P_POS: &[&str] = &["judge/eval_pos_acc", "judge/process_acc_pos"];
 /// p⁻ keys, in order of preference.
 pub(crate) const P_NEG: &[&str] = &["judge/eval_neg_acc", "judge/process_acc_neg"];
+/// Judge balanced accuracy `(p⁺ + p⁻) / 2` on the fixed pool.
+pub(crate) const P_BAL: &[&str] = &["judge/eval_bal_acc"];
+/// Judge balanced accuracy on the steps it judged during a training step.
+pub(crate) const TRAIN_BAL: &[&str] = &["judge/train_bal_acc"];
 /// Judge outcome accuracy.
 pub(crate) const OUTCOME: &[&str] = &["judge/outcome_acc"];
 
@@ -48,9 +56,10 @@ pub(crate) fn plan(suite: &Suite) -> Vec<Planned> {
     let mut out = vec![
         eval_figure(suite, XAxis::Step),
         eval_figure(suite, XAxis::Rollouts),
-        judge_figure(suite),
-        diagnostics_figure(suite),
     ];
+    out.extend(GridTable::build(suite).map(|g| grid_figure(suite, &g)));
+    out.push(judge_figure(suite));
+    out.push(diagnostics_figure(suite));
     out.extend(difficulty_figures(suite));
     out.extend(posterior_figures(suite));
     out
@@ -382,6 +391,7 @@ fn eval_figure(suite: &Suite, x: XAxis) -> Planned {
             legend: legend_for(suite, &shown, true),
         },
         caption,
+        after: None,
     }
 }
 
@@ -397,38 +407,52 @@ fn append_notes(caption: &mut String, coverage: &[String], missing: &[String]) {
     }
 }
 
+/// The judge panels: title and keys (in order of preference). The first three are on the fixed
+/// labelled pool at eval steps, the fourth on the judge's own training steps.
+const JUDGE_PANELS: [(&str, &[&str]); 5] = [
+    ("p⁺: accuracy on correct steps", P_POS),
+    ("p⁻: accuracy on wrong steps", P_NEG),
+    ("balanced accuracy (p⁺+p⁻)/2", P_BAL),
+    ("balanced acc. on training steps", TRAIN_BAL),
+    ("outcome accuracy", OUTCOME),
+];
+
+/// The keys of `keys` that some run of `suite` uses (its first logged one).
+fn keys_used<'k>(suite: &Suite, keys: &[&'k str]) -> Vec<&'k str> {
+    keys.iter()
+        .copied()
+        .filter(|k| suite.runs().any(|r| r.first_key(keys) == Some(*k)))
+        .collect()
+}
+
 fn judge_figure(suite: &Suite) -> Planned {
-    let all: Vec<&str> = P_POS.iter().chain(P_NEG).chain(OUTCOME).copied().collect();
-    let specs: [(&str, &[&str]); 3] = [
-        ("p⁺: accuracy on correct steps", P_POS),
-        ("p⁻: accuracy on wrong steps", P_NEG),
-        ("outcome accuracy", OUTCOME),
-    ];
+    let all: Vec<&str> = JUDGE_PANELS
+        .iter()
+        .flat_map(|(_, keys)| keys.iter().copied())
+        .collect();
     let mut shown = Vec::new();
     let mut panels = Vec::new();
-    for (title, keys) in specs {
+    for (title, keys) in JUDGE_PANELS {
         let (mut p, s) = experiments_panel(
             suite,
             title,
             keys,
             XAxis::Step,
             ACC,
-            "no experiment logs this judge metric (no judge?)",
+            "no experiment logs this judge metric (no judge, or runs written before it was logged)",
         );
-        let used: Vec<&str> = keys
-            .iter()
-            .copied()
-            .filter(|k| suite.runs().any(|r| r.first_key(keys) == Some(*k)))
-            .collect();
         if p.message.is_none() {
-            add_note(&mut p, &format!("from {}", used.join(" / ")));
+            add_note(
+                &mut p,
+                &format!("from {}", keys_used(suite, keys).join(" / ")),
+            );
         }
         shown.extend(s);
         panels.push(p);
     }
     let without = rows_without(suite, &all);
     let mut caption = format!(
-        "The judge over training, per experiment with a judge: p⁺ (its accuracy on steps the oracle marks correct), p⁻ (on steps marked wrong) and its outcome accuracy, at eval steps. {BAND_NOTE}"
+        "The judge over training, per experiment with a judge. At eval steps, on a fixed labelled pool with as many correct as wrong steps (`judge/eval_*`): p⁺ (accuracy on steps the oracle marks correct), p⁻ (on steps marked wrong) and the balanced accuracy (p⁺+p⁻)/2; runs that predate the pool have p⁺ and p⁻ as `judge/process_acc_pos`/`_neg`, measured on the greedy in-domain eval trajectories instead (each panel names its keys). Every training step: the balanced accuracy on the steps the judge judged in that step, against oracle labels (`judge/train_bal_acc`). Last panel: outcome accuracy at eval steps. {BAND_NOTE}"
     );
     let missing = if without.is_empty() {
         Vec::new()
@@ -451,6 +475,94 @@ fn judge_figure(suite: &Suite) -> Planned {
             legend: legend_for(suite, &dedup_sorted(shown), true),
         },
         caption,
+        after: None,
+    }
+}
+
+/// Line (dashed or not) with dots and CI band of one evaluation over the grid levels; levels
+/// without a value are skipped.
+fn grid_layers(c: RGBColor, levels: &[f64], cells: &[Option<MeanCi>], dashed: bool) -> Vec<Layer> {
+    let agg: Vec<Aggregate> = levels
+        .iter()
+        .zip(cells)
+        .enumerate()
+        .filter_map(|(i, (&x, cell))| {
+            Some(Aggregate {
+                step: i as u64,
+                x,
+                y: (*cell)?,
+            })
+        })
+        .collect();
+    let mut layers = curve_layers(c, &agg, &BTreeSet::new(), true, (0.0, 1.0));
+    for l in &mut layers {
+        if let Layer::Line { dashed: d, .. } = l {
+            *d = dashed;
+        }
+    }
+    layers
+}
+
+/// One panel per experiment with grid accuracies: the first evaluation (dashed, grey) and the
+/// last (solid, the experiment's colour) over the grid levels.
+fn grid_figure(suite: &Suite, g: &GridTable) -> Planned {
+    let xs: Vec<f64> = g.levels.iter().map(|l| l.value).collect();
+    let (lo, hi) = (
+        xs.iter().copied().fold(f64::INFINITY, f64::min).min(0.0),
+        xs.iter()
+            .copied()
+            .fold(f64::NEG_INFINITY, f64::max)
+            .max(1.0),
+    );
+    let pad = 0.04 * (hi - lo);
+    let panels: Vec<Panel> = g
+        .rows
+        .iter()
+        .map(|r| {
+            let c = color(r.index);
+            let mut layers = grid_layers(GREY, &xs, &r.start.cells, true);
+            layers.extend(grid_layers(c, &xs, &r.last.cells, false));
+            Panel {
+                title: r.experiment.clone(),
+                x_label: "grid level (difficulty on every dim.)".into(),
+                y_label: ACC.into(),
+                x_range: Some((lo - pad, hi + pad)),
+                y_range: Some((-0.02, 1.02)),
+                layers,
+                note: Some(format!("last eval: {}", steps_text(&r.last.steps))),
+                message: None,
+            }
+        })
+        .collect();
+    let shown: Vec<usize> = g.rows.iter().map(|r| r.index).collect();
+    let mut legend = vec![LegendEntry {
+        swatch: Swatch::Dashed(GREY),
+        label: g.start_label().into(),
+    }];
+    legend.extend(legend_for(suite, &shown, true));
+    let start = if g.starts_at_zero() {
+        "at step 0 (the warm-started policy, dashed grey)"
+    } else {
+        "at each run's first evaluation with grid keys (dashed grey; not step 0 in every run)"
+    };
+    let mut caption = format!(
+        "In-domain accuracy per level of the fixed evaluation grid (`eval/acc_grid/<level>`: the eval tasks whose difficulty coordinate is that level on every dimension, 0 = easiest, 1 = hardest; `eval/acc_id` is the mean over the levels), per experiment: {start} and at each run's last evaluation (solid). Lines: mean over seeds; bands: 95% CI of the mean (Student t) clipped to [0, 1]; no band where one seed has the value."
+    );
+    if !g.without.is_empty() {
+        caption += &format!(" Missing: no `eval/acc_grid/*`: {}.", g.without.join(", "));
+    }
+    Planned {
+        section: Section::Eval,
+        stem: "eval_acc_grid".into(),
+        figure: Figure {
+            title: "In-domain accuracy over the difficulty grid".into(),
+            cols: g.rows.len().clamp(1, 3),
+            panel: (330, 330),
+            panels,
+            legend,
+        },
+        caption,
+        after: Some(g.markdown()),
     }
 }
 
@@ -511,6 +623,7 @@ fn diagnostics_figure(suite: &Suite) -> Planned {
             legend: legend_for(suite, &dedup_sorted(shown), true),
         },
         caption,
+        after: None,
     }
 }
 
@@ -711,6 +824,7 @@ fn difficulty_figures(suite: &Suite) -> Vec<Planned> {
                 legend: vec![],
             },
             caption: "No difficulty was logged by any run.".into(),
+            after: None,
         });
     }
     out
@@ -841,6 +955,7 @@ fn difficulty_figure(row: &Row, data: &[(&Run, DifficultyData)]) -> Option<Plann
             "`{}`: task difficulty per dimension (0 = easiest, 1 = hardest), one line per seed (identical seeds draw over each other), {source}.",
             row.experiment
         ),
+        after: None,
     })
 }
 
@@ -1036,6 +1151,7 @@ fn posterior_figure(run: &Run, snaps: &[PosteriorSnapshot]) -> Planned {
             legend,
         },
         caption,
+        after: None,
     }
 }
 

@@ -7,17 +7,19 @@
 //!
 //! [`write_report`] is the entry point (used by `rlany report RUN_OR_SUITE_DIR… --out DIR`).
 //! The pieces are public too: [`collect`] reads runs, [`Suite`] groups and orders them,
-//! [`Table`] is the ablation table, [`stats`] has the Student-t machinery.
+//! [`Table`] is the ablation table, [`GridTable`] the accuracy per level of the eval's
+//! difficulty grid, [`stats`] has the Student-t machinery.
 //!
 //! Modules: [`runs`] (reading, tolerant of a killed run's cut last line), [`suite`] (row order
-//! and baselines), [`stats`], [`table`], `figures` (what each figure shows), `plot` (drawing
-//! with plotters), `glyphs` (text measured and rasterised with ab_glyph and the bundled DejaVu
-//! Sans, no system font), [`bench`] (backend comparison).
+//! and baselines), [`stats`], [`table`], [`grid`], `figures` (what each figure shows), `plot`
+//! (drawing with plotters), `glyphs` (text measured and rasterised with ab_glyph and the bundled
+//! DejaVu Sans, no system font), [`bench`] (backend comparison).
 
 pub mod bench;
 mod error;
 mod figures;
 mod glyphs;
+pub mod grid;
 mod plot;
 pub mod runs;
 pub mod stats;
@@ -27,6 +29,7 @@ pub mod table;
 mod tests;
 
 pub use error::ReportError;
+pub use grid::GridTable;
 pub use plot::FigureFile;
 pub use runs::{Run, collect};
 pub use stats::{MeanCi, mean_ci95, t_quantile};
@@ -287,6 +290,10 @@ fn figure_sections(p: &ReportParts<'_>) -> String {
         for (planned, file) in p.figures.iter().filter(|(pl, _)| pl.section == section) {
             md += &image(file, &p.opts.out);
             md += &format!("*{}*\n\n", planned.caption);
+            if let Some(after) = &planned.after {
+                md += after;
+                md += "\n";
+            }
             any = true;
         }
         if !any && section == Section::Posterior {

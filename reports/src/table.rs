@@ -1,6 +1,8 @@
 //! The ablation table (the paper's Table 1): one row per experiment, final values over seeds as
 //! mean ± 95% CI, the best accuracy per column in bold, and each row's paired difference to its
-//! baseline over the seeds both have.
+//! baseline (the row above unless `suite.json` names another) over the seeds both have, on
+//! every column: in-domain and OOD accuracy, the judge's accuracies, the accepted-proposal rate
+//! and the proposal counts.
 
 use crate::runs::{Final, Run};
 use crate::stats::{MeanCi, mean_ci95};
@@ -14,6 +16,19 @@ pub enum ColumnKind {
     Accuracy,
     /// A count (proposals): 1 decimal, not ranked (more is neither better nor worse).
     Count,
+    /// A fraction in `[0, 1]` that is not ranked (the accepted-proposal rate: higher is neither
+    /// better nor worse): 3 decimals.
+    Rate,
+}
+
+/// How a run's value of a column is made from its metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColumnValue {
+    /// The final value of the first of the column's keys that the run logs.
+    FirstKey,
+    /// `keys[0] / (keys[0] + keys[1])` of the two keys' final values; undefined (no value, not
+    /// 0) when the sum is 0.
+    Share,
 }
 
 /// A table column: a final metric value.
@@ -25,49 +40,78 @@ pub struct Column {
     pub keys: &'static [&'static str],
     /// Formatting and ranking.
     pub kind: ColumnKind,
+    /// How the value is made from the keys.
+    pub value: ColumnValue,
 }
 
+impl Column {
+    /// Whether `run` logs what this column needs (one of its keys, or both for a share).
+    pub fn logged_by(&self, run: &Run) -> bool {
+        match self.value {
+            ColumnValue::FirstKey => run.first_key(self.keys).is_some(),
+            ColumnValue::Share => self.keys.iter().all(|k| run.has(k)),
+        }
+    }
+}
+
+/// Header of the accepted-proposal rate column.
+pub const ACCEPT_RATE: &str = "accepted-proposal rate";
+
 /// Every column the table can have; those no run logs are left out.
-pub const COLUMNS: [Column; 8] = [
+pub const COLUMNS: [Column; 9] = [
     Column {
         header: "acc ID",
         keys: &["eval/acc_id"],
         kind: ColumnKind::Accuracy,
+        value: ColumnValue::FirstKey,
     },
     Column {
         header: "acc OOD",
         keys: &["eval/acc_ood"],
         kind: ColumnKind::Accuracy,
+        value: ColumnValue::FirstKey,
     },
     Column {
         header: "judge p⁺ (correct steps)",
         keys: &["judge/eval_pos_acc", "judge/process_acc_pos"],
         kind: ColumnKind::Accuracy,
+        value: ColumnValue::FirstKey,
     },
     Column {
         header: "judge p⁻ (wrong steps)",
         keys: &["judge/eval_neg_acc", "judge/process_acc_neg"],
         kind: ColumnKind::Accuracy,
+        value: ColumnValue::FirstKey,
     },
     Column {
         header: "judge balanced acc",
         keys: &["judge/eval_bal_acc"],
         kind: ColumnKind::Accuracy,
+        value: ColumnValue::FirstKey,
     },
     Column {
         header: "judge outcome acc",
         keys: &["judge/outcome_acc"],
         kind: ColumnKind::Accuracy,
+        value: ColumnValue::FirstKey,
     },
     Column {
         header: "proposals accepted",
         keys: &["env/accepted"],
         kind: ColumnKind::Count,
+        value: ColumnValue::FirstKey,
     },
     Column {
         header: "proposals rejected",
         keys: &["env/rejected"],
         kind: ColumnKind::Count,
+        value: ColumnValue::FirstKey,
+    },
+    Column {
+        header: ACCEPT_RATE,
+        keys: &["env/accepted", "env/rejected"],
+        kind: ColumnKind::Rate,
+        value: ColumnValue::Share,
     },
 ];
 
@@ -104,12 +148,15 @@ impl Table {
     pub fn build(suite: &Suite) -> Self {
         let columns: Vec<Column> = COLUMNS
             .iter()
-            .filter(|c| suite.runs().any(|r| r.first_key(c.keys).is_some()))
+            .filter(|c| suite.runs().any(|r| c.logged_by(r)))
             .copied()
             .collect();
         let mut notes = Vec::new();
         for c in &columns {
-            key_mix_note(suite, c, &mut notes);
+            match c.value {
+                ColumnValue::FirstKey => key_mix_note(suite, c, &mut notes),
+                ColumnValue::Share => share_note(suite, c, &mut notes),
+            }
         }
         let rows = suite
             .rows
@@ -131,7 +178,8 @@ impl Table {
         out += "\nFinal values (each run's last line with the key), over seeds: mean ± half-width \
                 of the 95% confidence interval (Student t, n−1 degrees of freedom); `(n=1)`: a \
                 single run, no interval; `(n=k)` after a cell: only k of the row's runs have the \
-                value. **Bold**: best mean of an accuracy column (counts are not ranked).\n";
+                value. **Bold**: best mean of an accuracy column (counts and the \
+                accepted-proposal rate are not ranked).\n";
         for n in &self.notes {
             out += &format!("- {n}\n");
         }
@@ -218,7 +266,7 @@ impl Table {
 
 fn digits(c: &Column) -> usize {
     match c.kind {
-        ColumnKind::Accuracy => 3,
+        ColumnKind::Accuracy | ColumnKind::Rate => 3,
         ColumnKind::Count => 1,
     }
 }
@@ -246,10 +294,30 @@ fn diff_text(d: &MeanCi, c: &Column, shared: usize) -> String {
     }
 }
 
-/// A run's final value for a column: the first of its keys the run logs; `None` when absent
-/// or `null` (the latter with a note).
+/// A run's final value for a column (see [`ColumnValue`]); `None` when absent, `null` (with a
+/// note) or undefined.
 fn run_value(run: &Run, c: &Column, notes: &mut Vec<String>) -> Option<f64> {
-    let key = run.first_key(c.keys)?;
+    match c.value {
+        ColumnValue::FirstKey => final_number(run, run.first_key(c.keys)?, c, notes),
+        ColumnValue::Share => {
+            let [a, b] = c.keys else {
+                return None;
+            };
+            let x = final_number(run, a, c, notes)?;
+            let y = final_number(run, b, c, notes)?;
+            share(x, y)
+        }
+    }
+}
+
+/// `x / (x + y)`; `None` when the sum is not positive (no proposal resolved: undefined).
+fn share(x: f64, y: f64) -> Option<f64> {
+    let total = x + y;
+    (total > 0.0).then(|| x / total)
+}
+
+/// The final value of `key` in `run`; `None` when absent or `null` (the latter with a note).
+fn final_number(run: &Run, key: &str, c: &Column, notes: &mut Vec<String>) -> Option<f64> {
     match run.final_value(key) {
         Final::Value { value, .. } => Some(value),
         Final::Null { step } => {
@@ -344,6 +412,41 @@ fn length_note(row: &Row, notes: &mut Vec<String>) {
     }
 }
 
+/// Whether the final value of `key` in `run` is 0.
+fn final_is_zero(run: &Run, key: &str) -> bool {
+    matches!(run.final_value(key), Final::Value { value, .. } if value == 0.0)
+}
+
+/// Says how a share column is computed and which runs it is undefined for (both counts 0).
+fn share_note(suite: &Suite, c: &Column, notes: &mut Vec<String>) {
+    let [a, b] = c.keys else {
+        return;
+    };
+    let undefined: Vec<String> = suite
+        .rows
+        .iter()
+        .filter_map(|row| {
+            let k = row
+                .runs
+                .iter()
+                .filter(|r| final_is_zero(r, a) && final_is_zero(r, b))
+                .count();
+            (k > 0).then(|| format!("{} ({k} of {} runs)", row.experiment, row.runs.len()))
+        })
+        .collect();
+    let mut note = format!(
+        "`{}` is `{a} / ({a} + {b})` at each run's last step (proposals still pending are not counted)",
+        c.header
+    );
+    if !undefined.is_empty() {
+        note += &format!(
+            "; undefined where no proposal was resolved, so left out (– if no run of the row has one): {}",
+            undefined.join(", ")
+        );
+    }
+    notes.push(note);
+}
+
 fn key_mix_note(suite: &Suite, c: &Column, notes: &mut Vec<String>) {
     if c.keys.len() < 2 {
         return;
@@ -378,5 +481,87 @@ fn key_mix_note(suite: &Suite, c: &Column, notes: &mut Vec<String>) {
         ));
     } else if let Some(k) = used.iter().next() {
         notes.push(format!("`{}` is `{k}`", c.header));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runs::{Meta, MetricsLine};
+    use std::path::PathBuf;
+
+    /// A run of `exp` whose last line has the cumulative counts `accepted`, `rejected`.
+    fn run(exp: &str, seed: u64, accepted: f64, rejected: f64) -> Run {
+        let line = |step, a: f64, r: f64| MetricsLine {
+            step,
+            values: [
+                ("env/accepted".to_string(), Some(a)),
+                ("env/rejected".to_string(), Some(r)),
+                ("eval/acc_id".to_string(), Some(0.5)),
+            ]
+            .into_iter()
+            .collect(),
+        };
+        Run {
+            dir: PathBuf::from(format!("/x/{exp}/seed-{seed}")),
+            experiment: exp.into(),
+            seed: Some(seed),
+            meta: Meta::default(),
+            lines: vec![line(1, 0.0, 0.0), line(2, accepted, rejected)],
+            adaptation: None,
+            posterior: None,
+            warnings: vec![],
+        }
+    }
+
+    #[test]
+    fn share_is_undefined_without_resolved_proposals() {
+        assert_eq!(share(3.0, 1.0), Some(0.75));
+        assert_eq!(share(0.0, 4.0), Some(0.0));
+        assert_eq!(share(0.0, 0.0), None);
+    }
+
+    #[test]
+    fn accept_rate_cells_and_paired_differences() {
+        // x: 1/4, 2/4, 0/0 (undefined); y (baseline: the row above is x): 3/4, 1/2, 2/2.
+        let runs = vec![
+            run("x", 1, 1.0, 3.0),
+            run("x", 2, 2.0, 2.0),
+            run("x", 3, 0.0, 0.0),
+            run("y", 1, 3.0, 1.0),
+            run("y", 2, 1.0, 1.0),
+            run("y", 3, 2.0, 0.0),
+        ];
+        let t = Table::build(&Suite::from_runs(runs, &[]));
+        let i = t
+            .columns
+            .iter()
+            .position(|c| c.header == ACCEPT_RATE)
+            .expect("rate column");
+        let (x, y) = (&t.rows[0], &t.rows[1]);
+        // x: 0.25, 0.5 → mean 0.375, s = 0.1767767, t(1) = 12.7062047 → ± 1.5882756; n = 2.
+        let c = x.cells[i].expect("x rate");
+        assert_eq!(c.n, 2);
+        assert!((c.mean - 0.375).abs() < 1e-12);
+        assert!((c.half_width.expect("ci") - 1.588_275_6).abs() < 1e-6);
+        // y: 0.75, 0.5, 1.0 → mean 0.75.
+        assert!((y.cells[i].expect("y rate").mean - 0.75).abs() < 1e-12);
+        // y − x over seeds 1, 2 (seed 3 of x is undefined): 0.5, 0.0 → +0.25 ± 3.1765512.
+        assert_eq!(y.baseline.as_deref(), Some("x"));
+        let d = y.diffs[i].expect("paired rate");
+        assert_eq!(d.n, 2);
+        assert!((d.mean - 0.25).abs() < 1e-12);
+        assert!((d.half_width.expect("ci") - 3.176_551_2).abs() < 1e-6);
+        let md = t.markdown();
+        assert!(
+            md.contains(
+                "| x | 3 | **0.500 ± 0.000** | 1.0 ± 2.5 | 1.7 ± 3.8 | 0.375 ± 1.588 (n=2) |"
+            ),
+            "{md}"
+        );
+        assert!(md.contains("| +0.250 ± 3.177 (n=2) |"), "{md}");
+        assert!(md.contains("x (1 of 3 runs)"), "{md}");
+        // Not ranked: the higher rate (y's) is not bold.
+        assert!(md.contains(" | 0.750 ± 0.621 |\n"), "{md}");
     }
 }

@@ -86,6 +86,7 @@ fn fixture_report_writes_every_figure() {
         [
             "eval_acc_step",
             "eval_acc_rollouts",
+            "eval_acc_grid",
             "judge",
             "diagnostics",
             "difficulty_a_outcome_only",
@@ -96,7 +97,8 @@ fn fixture_report_writes_every_figure() {
         ]
     );
     // Widths are fixed by the layout: panels × columns.
-    let widths = [960, 960, 990, 990, 990, 990, 990, 990, 960];
+    // The grid figure: one 330 px panel per experiment with grid keys (b and c).
+    let widths = [960, 960, 660, 990, 990, 990, 990, 990, 990, 960];
     let report = fs::read_to_string(&s.report).expect("report.md");
     for (f, w) in s.figures.iter().zip(widths) {
         let (pw, ph) = png_size(&f.png);
@@ -116,7 +118,7 @@ fn fixture_report_writes_every_figure() {
         );
     }
     // The posterior figure: 3 snapshots × 3 dimensions, 300 px panels.
-    let post = &s.figures[7];
+    let post = &s.figures[8];
     assert!(post.height >= 44 + 3 * 300);
     for section in [
         "## 1. Evaluation accuracy",
@@ -151,6 +153,13 @@ fn fixture_report_writes_every_figure() {
     );
     // Older runs without compute/rollouts are named on the rollouts figure.
     assert!(report.contains("no compute/rollouts: a_outcome_only"));
+    // The grid table is under the grid figure, in section 1.
+    let grid_at = report.find("| b_policy_judge | step 0 (warm start) |");
+    assert!(
+        grid_at.is_some_and(|i| i < report.find("## 2. The judge").unwrap_or(0)),
+        "{report}"
+    );
+    assert!(report.contains("No `eval/acc_grid/*` in: a_outcome_only."));
     if std::env::var_os("RLANY_REPORT_OUT").is_none() {
         let _ = fs::remove_dir_all(out);
     }
@@ -194,9 +203,11 @@ fn table_numbers_match_hand_computation() {
             "judge balanced acc",
             "judge outcome acc",
             "proposals accepted",
-            "proposals rejected"
+            "proposals rejected",
+            "accepted-proposal rate"
         ]
     );
+    assert_eq!(t.columns[8].kind, ColumnKind::Rate);
     assert_eq!(t.columns[6].kind, ColumnKind::Count);
     let names: Vec<&str> = t.rows.iter().map(|r| r.experiment.as_str()).collect();
     assert_eq!(names, ["a_outcome_only", "b_policy_judge", "c_env_gp"]);
@@ -220,12 +231,16 @@ fn table_numbers_match_hand_computation() {
     assert_cell(b.cells[5], (m, Some(h)), 2, "b outcome");
     assert_cell(b.cells[6], ci(&[3.0, 5.0, 2.0]), 3, "b accepted");
     assert_cell(b.cells[7], ci(&[1.0, 0.0, 2.0]), 3, "b rejected");
+    // Accepted-proposal rate: 3/(3+1), 5/(5+0), 2/(2+2); a resolved none (undefined, not 0).
+    assert_cell(b.cells[8], ci(&[0.75, 1.0, 0.5]), 3, "b accept rate");
+    assert!(a.cells[8].is_none(), "a's accept rate is undefined");
     // c: one seed, no CI; its judge uses the newer eval_* keys.
     assert_cell(c.cells[0], (0.8125, None), 1, "c acc ID");
     assert_cell(c.cells[2], (0.9, None), 1, "c p+");
     assert_cell(c.cells[4], (0.825, None), 1, "c balanced");
     assert_cell(c.cells[6], (3.0, None), 1, "c accepted");
     assert_cell(c.cells[7], (2.0, None), 1, "c rejected");
+    assert_cell(c.cells[8], (0.6, None), 1, "c accept rate");
 
     // Paired differences: b − a (row above) over seeds 1-3; c − a (suite.json) over seed 1.
     assert_eq!(b.baseline.as_deref(), Some("a_outcome_only"));
@@ -235,6 +250,10 @@ fn table_numbers_match_hand_computation() {
     assert_eq!(c.shared_seeds, [1]);
     assert_cell(c.diffs[0], (0.3125, None), 1, "c-a acc ID");
     assert!(c.diffs[2].is_none(), "a has no judge to compare with");
+    assert!(
+        b.diffs[8].is_none() && c.diffs[8].is_none(),
+        "a has no accept rate to compare with"
+    );
     assert_eq!(a.baseline, None);
 
     // The Markdown: formatting, n=1, bold best, notes.
@@ -247,15 +266,15 @@ fn table_numbers_match_hand_computation() {
     };
     assert_eq!(
         row("a_outcome_only"),
-        "| a_outcome_only | 3 | 0.625 ± 0.311 | 0.333 ± 0.179 | – | – | – | – | 0.0 ± 0.0 | 0.0 ± 0.0 |"
+        "| a_outcome_only | 3 | 0.625 ± 0.311 | 0.333 ± 0.179 | – | – | – | – | 0.0 ± 0.0 | 0.0 ± 0.0 | – |"
     );
     assert_eq!(
         row("b_policy_judge"),
-        "| b_policy_judge | 3 | 0.750 ± 0.311 | 0.417 ± 0.359 | 0.850 ± 0.124 | 0.650 ± 0.124 | – | 0.650 ± 0.635 (n=2) | 3.3 ± 3.8 | 1.0 ± 2.5 |"
+        "| b_policy_judge | 3 | 0.750 ± 0.311 | 0.417 ± 0.359 | 0.850 ± 0.124 | 0.650 ± 0.124 | – | 0.650 ± 0.635 (n=2) | 3.3 ± 3.8 | 1.0 ± 2.5 | 0.750 ± 0.621 |"
     );
     assert_eq!(
         row("c_env_gp"),
-        "| c_env_gp | 1 | **0.812 (n=1)** | **0.562 (n=1)** | **0.900 (n=1)** | **0.750 (n=1)** | 0.825 (n=1) | **0.750 (n=1)** | 3.0 (n=1) | 2.0 (n=1) |"
+        "| c_env_gp | 1 | **0.812 (n=1)** | **0.562 (n=1)** | **0.900 (n=1)** | **0.750 (n=1)** | 0.825 (n=1) | **0.750 (n=1)** | 3.0 (n=1) | 2.0 (n=1) | 0.600 (n=1) |"
     );
     assert!(
         md.contains("| b_policy_judge | a_outcome_only | 1, 2, 3 | +0.125 ± 0.538 |"),
@@ -270,11 +289,108 @@ fn table_numbers_match_hand_computation() {
         "{md}"
     );
     assert!(md.contains("comes from different keys across runs"), "{md}");
+    assert!(
+        md.contains("no proposal was resolved, so left out (– if no run of the row has one): a_outcome_only (3 of 3 runs)"),
+        "{md}"
+    );
+    // The paired-difference table has a Δ column for each of the four compared quantities.
+    for h in [
+        "acc ID",
+        "acc OOD",
+        "judge balanced acc",
+        "accepted-proposal rate",
+    ] {
+        assert!(md.contains(&format!(" Δ {h} |")), "{h}: {md}");
+    }
     assert!(md.contains(
         "runs of different lengths (seed 1 → step 10, seed 2 → step 10, seed 3 → step 8)"
     ));
     // The legacy entry point renders the same.
     assert_eq!(ablation_table(&collect(&[fixture()]).expect("runs")), md);
+}
+
+#[test]
+fn grid_table_and_judge_panels_of_the_fixture() {
+    let suite = Suite::build(collect(&[fixture()]).expect("runs")).expect("suite");
+    let g = GridTable::build(&suite).expect("b and c log eval/acc_grid/*");
+    let labels: Vec<&str> = g.levels.iter().map(|l| l.label.as_str()).collect();
+    assert_eq!(labels, ["0.00", "0.25", "0.50", "0.75", "1.00"]);
+    assert_eq!(g.without, ["a_outcome_only"]);
+    let (b, c) = (&g.rows[0], &g.rows[1]);
+    assert_eq!(
+        (b.experiment.as_str(), b.index, b.runs),
+        ("b_policy_judge", 1, 3)
+    );
+    // Step 0: the same warm start in every seed, acc_id 0.375 + the level's offset.
+    assert_eq!(b.start.steps, [0, 0, 0]);
+    for (cell, v) in b.start.cells.iter().zip([0.5, 0.4375, 0.375, 0.3125, 0.25]) {
+        assert_cell(*cell, (v, Some(0.0)), 3, "b start");
+    }
+    // Last eval: steps 10, 10 and 5 (seed 3 was killed at step 8); level 0.00 is acc_id +
+    // 0.125 = 0.875, 1.0, 0.75; every level has the same spread as acc_id.
+    assert_eq!(b.last.steps, [10, 10, 5]);
+    let (_, h) = hand_ci(&[0.875, 1.0, 0.75], T2);
+    for (cell, v) in b
+        .last
+        .cells
+        .iter()
+        .zip([0.875, 0.8125, 0.75, 0.6875, 0.625])
+    {
+        assert_cell(*cell, (v, Some(h)), 3, "b last");
+    }
+    assert_eq!(c.last.steps, [10]);
+    assert_cell(c.last.cells[4], (0.6875, None), 1, "c last at 1.00");
+    let md = g.markdown();
+    assert!(
+        md.contains("| b_policy_judge | last eval (steps 10, 10, 5) | 0.875 ± 0.311 | 0.812 ± 0.311 | 0.750 ± 0.311 | 0.688 ± 0.311 | 0.625 ± 0.311 |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| c_env_gp | last eval (step 10) | 0.938 (n=1) | 0.875 (n=1) | 0.812 (n=1) | 0.750 (n=1) | 0.688 (n=1) |"),
+        "{md}"
+    );
+
+    // The judge figure: pool p⁺, p⁻, balanced; training-side balanced; outcome.
+    let plans = crate::figures::plan(&suite);
+    let judge = plans.iter().find(|p| p.stem == "judge").expect("judge");
+    let titles: Vec<&str> = judge
+        .figure
+        .panels
+        .iter()
+        .map(|p| p.title.as_str())
+        .collect();
+    assert_eq!(
+        titles,
+        [
+            "p⁺: accuracy on correct steps",
+            "p⁻: accuracy on wrong steps",
+            "balanced accuracy (p⁺+p⁻)/2",
+            "balanced acc. on training steps",
+            "outcome accuracy"
+        ]
+    );
+    let train = &judge.figure.panels[3];
+    assert!(train.message.is_none() && !train.layers.is_empty());
+    assert!(
+        train
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("judge/train_bal_acc")),
+        "{:?}",
+        train.note
+    );
+    // Only c logs it: one line, steps 1-10.
+    let lines: Vec<&Vec<(f64, f64)>> = train
+        .layers
+        .iter()
+        .filter_map(|l| match l {
+            crate::plot::Layer::Line { points, .. } => Some(points),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0].len(), 10);
+    assert_eq!(lines[0][9], (10.0, 0.75));
 }
 
 fn write_metrics(root: &Path, exp: &str, seed: u64, text: &str) -> PathBuf {
