@@ -1,19 +1,27 @@
 //! Environment adaptation (framework/METHOD.md, step 7): the direction rule, the accept/reject gate,
-//! the per-slot pending-proposal state machine and the [`Proposer`] interface with its two
-//! model-free implementations, [`Static`] and [`Threshold`]. The GP proposer lives in
-//! `rlany-envs` (`rlany_envs::gp::Gp`) because it pulls in egobox-gp.
+//! the per-slot state machine (running accuracy, pending proposal) and the [`Proposer`]
+//! interface with its two model-free implementations, [`Static`] and [`Threshold`]. The GP
+//! proposer is a plugin in `rlany-envs` because it pulls in egobox-gp.
 //!
 //! Everything here is pure: no tensors, and every random draw comes from the [`Rng`] passed in.
 //!
 //! The loop, per task slot and training step:
-//! 1. the slot's tasks are rolled out at its difficulty, giving `acc`; every rollout is
-//!    [`Proposer::observe`]d;
-//! 2. if the slot has a pending proposal, its rollout gives `new_acc` (also observed) and
-//!    [`AdaptSlot::resolve`] applies the [`accept`] gate: accepted proposals replace the
-//!    slot's difficulty (and their rollouts are trained on), rejected ones are dropped;
-//! 3. otherwise [`AdaptSlot::maybe_propose`] asks the proposer for a new difficulty when
-//!    [`direction`] says the slot is too easy or too hard; it becomes pending and is rolled
-//!    out at the next step.
+//! 1. the slot draws a fresh task (a new seed) at its difficulty; its group of G rollouts is
+//!    [`AdaptSlot::record`]ed into the slot's running accuracy (its groups of the last
+//!    [`GateSpec::window`] steps at this difficulty) and [`Proposer::observe`]d;
+//! 2. if the slot has a pending proposal, the proposal is rolled out on a *rewrite* of the
+//!    same step's task (same seed, the proposed difficulty) and [`AdaptSlot::resolve`]
+//!    applies the [`accept`] gate to the pair: the rewrite's accuracy against the original
+//!    task's, same policy, same step. Accepted proposals replace the slot's difficulty (and
+//!    their rollouts are trained on); rejected ones are dropped;
+//! 3. otherwise [`AdaptSlot::maybe_propose`] asks the proposer for a new difficulty when the
+//!    running accuracy rests on enough rollouts and [`direction`] says the slot is too easy or
+//!    too hard; a proposal whose rewrite of the next step's task would be the same task is
+//!    not made. It becomes pending and is rolled out at the next step.
+//!
+//! Why: a proposal triggered by one lucky group and gated against another single task's
+//! accuracy is accepted by regression to the mean; the running estimate decides *when*, the
+//! paired rewrite decides *whether* (see the `gate_*` tests).
 
 use crate::rng::Rng;
 use serde::{Deserialize, Serialize};
@@ -58,14 +66,14 @@ pub fn accept(direction: Direction, acc: f64, new_acc: f64, band: (f64, f64)) ->
     }
 }
 
-/// Critic feedback for one slot, from the judge: per difficulty dimension, the fraction of the
-/// slot's *failed* steps (steps where all m verdicts were −1) that the environment attributed
-/// to that dimension ([`crate::Episode::attribute_failure`]); plus the totals.
+/// Critic feedback for one slot: per difficulty dimension, the fraction of the slot's
+/// *flagged* steps that are blamed on that dimension (see [`Critic`] for what flags and
+/// blames); plus the totals.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CriticFeedback {
     /// `blame[j]` = flagged steps attributed to dimension `j` / `flagged_steps` (0 when none).
     pub blame: Vec<f64>,
-    /// Steps where all m verdicts were −1.
+    /// Flagged steps (by default: all m verdicts −1).
     pub flagged_steps: usize,
     /// All judged steps of the slot.
     pub steps: usize,
@@ -73,7 +81,7 @@ pub struct CriticFeedback {
 
 impl CriticFeedback {
     /// Feedback for a `k`-dimensional difficulty space built from per-step records
-    /// `(all_verdicts_negative, attributed_dims)`; out-of-range dimensions are ignored.
+    /// `(flagged, blamed_dims)`; out-of-range dimensions are ignored.
     pub fn from_steps<'a>(k: usize, steps: impl IntoIterator<Item = (bool, &'a [usize])>) -> Self {
         let mut counts = vec![0usize; k];
         let (mut flagged, mut total) = (0usize, 0usize);
@@ -118,6 +126,19 @@ impl CriticFeedback {
             flagged
         }
     }
+}
+
+/// Where the critic feedback's blame comes from (`critic:` in an experiment file).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Critic {
+    /// What a real system has: the steps the judge flags (all m verdicts −1), each blamed on
+    /// the dimensions the environment says the step exercises ([`crate::Episode::step_dims`]).
+    /// Without a judge nothing is flagged and every dimension moves.
+    #[default]
+    Judge,
+    /// Upper bound, not the method: the oracle's wrong steps and its attribution
+    /// ([`crate::Episode::oracle_blame`]).
+    Oracle,
 }
 
 /// One observation of accuracy at a difficulty.
@@ -316,26 +337,53 @@ impl Proposer for Threshold {
     }
 }
 
-/// A proposal waiting for its rollout (made at one step, rolled out at the next).
+/// How a task slot's accuracy is estimated and when it may propose (the loop-level part of
+/// the gate, shared by every proposer; `gate: (...)` in an experiment file).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GateSpec {
+    /// The slot's running accuracy pools its groups of the last `window` training steps at
+    /// its current difficulty (reset when the difficulty changes).
+    pub window: usize,
+    /// A slot proposes only once its running accuracy rests on at least this many rollouts.
+    pub min_rollouts: usize,
+}
+
+impl Default for GateSpec {
+    fn default() -> Self {
+        Self {
+            window: 4,
+            min_rollouts: 16,
+        }
+    }
+}
+
+/// A proposal waiting for its rollout (made at one step, rolled out at the next as a
+/// rewrite of that step's task of the slot).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Pending {
     /// The proposed difficulty.
     pub difficulty: Vec<f64>,
     /// Which way it was meant to move.
     pub direction: Direction,
-    /// The slot's accuracy when it was proposed (the gate's `acc`).
+    /// The slot's running accuracy when it was proposed (what triggered it).
     pub base_acc: f64,
     /// The training step it was proposed at.
     pub proposed_at: usize,
 }
 
-/// The adaptation state of one task slot: its difficulty and at most one pending proposal.
+/// The adaptation state of one task slot: its difficulty, its recent outcomes there and at
+/// most one pending proposal.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AdaptSlot {
     /// Current difficulty in `[0, 1]^k`.
     pub difficulty: Vec<f64>,
     /// A proposal to roll out at the next step, if any.
     pub pending: Option<Pending>,
+    /// `(successes, rollouts)` of the slot's groups at its current difficulty, one entry per
+    /// step, newest last, at most [`GateSpec::window`] entries.
+    #[serde(default)]
+    pub recent: Vec<(usize, usize)>,
 }
 
 /// Running totals for the `env/proposals`, `env/accepted`, `env/rejected` metrics.
@@ -347,30 +395,66 @@ pub struct AdaptCounts {
     pub accepted: usize,
     /// Proposals rejected by the gate.
     pub rejected: usize,
+    /// Proposals not made because the rewrite left the task unchanged.
+    #[serde(default)]
+    pub unchanged: usize,
 }
 
 impl AdaptSlot {
-    /// A slot at `difficulty` with nothing pending.
+    /// A slot at `difficulty` with no history and nothing pending.
     pub fn new(difficulty: Vec<f64>) -> Self {
         Self {
             difficulty,
             pending: None,
+            recent: Vec::new(),
         }
     }
 
-    /// Apply the gate to the pending proposal whose rollout gave `new_acc`. Returns `None`
-    /// when nothing was pending, else whether it was accepted (then it replaced the slot's
-    /// difficulty). The pending proposal is cleared either way.
+    /// Records one group of the slot's own task at its current difficulty.
+    pub fn record(&mut self, successes: usize, rollouts: usize, gate: &GateSpec) {
+        self.recent.push((successes, rollouts));
+        let keep = gate.window.max(1);
+        if self.recent.len() > keep {
+            self.recent.drain(..self.recent.len() - keep);
+        }
+    }
+
+    /// `(accuracy, rollouts)` of the slot's recent groups (NaN accuracy when there are none).
+    pub fn estimate(&self) -> (f64, usize) {
+        let (s, n) = self
+            .recent
+            .iter()
+            .fold((0, 0), |(s, n), &(a, b)| (s + a, n + b));
+        let acc = if n == 0 {
+            f64::NAN
+        } else {
+            s as f64 / n as f64
+        };
+        (acc, n)
+    }
+
+    /// Apply the gate to the pending proposal. Its rewrite of this step's task gave
+    /// `new = (successes, rollouts)`; the same task at the slot's difficulty gave accuracy
+    /// `paired_acc` in the same step. Returns `None` when nothing was pending, else whether
+    /// it was accepted; accepted, it replaces the slot's difficulty and its group starts the
+    /// slot's new history. The pending proposal is cleared either way.
     pub fn resolve(
         &mut self,
-        new_acc: f64,
+        paired_acc: f64,
+        new: (usize, usize),
         band: (f64, f64),
         counts: &mut AdaptCounts,
     ) -> Option<bool> {
         let pending = self.pending.take()?;
-        let ok = accept(pending.direction, pending.base_acc, new_acc, band);
+        let new_acc = if new.1 == 0 {
+            f64::NAN
+        } else {
+            new.0 as f64 / new.1 as f64
+        };
+        let ok = accept(pending.direction, paired_acc, new_acc, band);
         if ok {
             self.difficulty = pending.difficulty;
+            self.recent = vec![new];
             counts.accepted += 1;
         } else {
             counts.rejected += 1;
@@ -378,28 +462,36 @@ impl AdaptSlot {
         Some(ok)
     }
 
-    /// After the slot's own rollout gave `acc`: when [`direction`] asks for a move and nothing
-    /// is pending, ask `proposer` for a new difficulty and make it pending. Returns the
-    /// direction of the new proposal, if one was made. A proposal equal to the current
-    /// difficulty (e.g. [`Static`], or a clamp at the edge of `[0, 1]^k`) is not made pending.
-    #[allow(clippy::too_many_arguments)]
+    /// When nothing is pending, the running accuracy rests on at least
+    /// [`GateSpec::min_rollouts`] rollouts and [`direction`] asks for a move: ask `proposer`
+    /// for a new difficulty and make it pending — unless `changes(proposal)` says the rewrite
+    /// of the task it will be tried on is the same task (counted in
+    /// [`AdaptCounts::unchanged`]), or it equals the current difficulty (e.g. [`Static`], or
+    /// a clamp at the edge of `[0, 1]^k`). Returns the direction of the new proposal, if one
+    /// was made.
     pub fn maybe_propose(
         &mut self,
-        acc: f64,
-        band: (f64, f64),
-        feedback: &CriticFeedback,
-        step: usize,
+        ctx: &ProposeContext<'_>,
         proposer: &mut dyn Proposer,
         rng: &mut Rng,
         counts: &mut AdaptCounts,
+        changes: impl Fn(&[f64]) -> bool,
     ) -> Option<Direction> {
         if self.pending.is_some() {
             return None;
         }
-        let dir = direction(acc, band)?;
-        let proposal = proposer.propose(&self.difficulty, acc, dir, feedback, step, rng);
+        let (acc, n) = self.estimate();
+        if n < ctx.gate.min_rollouts.max(1) {
+            return None;
+        }
+        let dir = direction(acc, ctx.band)?;
+        let proposal = proposer.propose(&self.difficulty, acc, dir, ctx.feedback, ctx.step, rng);
         let proposal = clamp_unit(&proposal);
         if proposal.len() != self.difficulty.len() || proposal == self.difficulty {
+            return None;
+        }
+        if !changes(&proposal) {
+            counts.unchanged += 1;
             return None;
         }
         counts.proposals += 1;
@@ -407,10 +499,23 @@ impl AdaptSlot {
             difficulty: proposal,
             direction: dir,
             base_acc: acc,
-            proposed_at: step,
+            proposed_at: ctx.step,
         });
         Some(dir)
     }
+}
+
+/// What a slot's proposal depends on besides the slot and the proposer.
+#[derive(Clone, Copy, Debug)]
+pub struct ProposeContext<'a> {
+    /// `(α_low, α_high)`.
+    pub band: (f64, f64),
+    /// Running-accuracy settings.
+    pub gate: &'a GateSpec,
+    /// The slot's critic feedback.
+    pub feedback: &'a CriticFeedback,
+    /// The training step.
+    pub step: usize,
 }
 
 #[cfg(test)]
@@ -518,54 +623,204 @@ mod tests {
         assert!(s.posterior(&[0.3, 0.7], 3, 5).is_none());
         // The slot machine never makes a no-op pending proposal.
         let mut slot = AdaptSlot::new(vec![0.3, 0.7]);
+        slot.record(16, 16, &GATE);
         let mut counts = AdaptCounts::default();
         let fb = CriticFeedback::default();
-        assert_eq!(
-            slot.maybe_propose(1.0, BAND, &fb, 0, &mut s, &mut rng, &mut counts),
-            None
-        );
+        let made = slot.maybe_propose(&ctx(&fb, 0), &mut s, &mut rng, &mut counts, |_| true);
+        assert_eq!(made, None);
         assert_eq!(counts, AdaptCounts::default());
     }
 
+    const GATE: GateSpec = GateSpec {
+        window: 2,
+        min_rollouts: 16,
+    };
+
+    fn ctx(feedback: &CriticFeedback, step: usize) -> ProposeContext<'_> {
+        ProposeContext {
+            band: BAND,
+            gate: &GATE,
+            feedback,
+            step,
+        }
+    }
+
     #[test]
-    fn slot_pending_accept_and_reject() {
+    fn running_estimate_window_and_min_rollouts() {
         let mut t = Threshold { step: 0.25 };
         let mut rng = Rng::new(2);
         let fb = CriticFeedback::default();
         let mut counts = AdaptCounts::default();
         let mut slot = AdaptSlot::new(vec![0.0, 0.5]);
-        // Mid-band: no proposal.
+        assert!(slot.estimate().0.is_nan());
+        // One group of 8 at 8/8: too few rollouts to propose.
+        slot.record(8, 8, &GATE);
+        assert_eq!(slot.estimate(), (1.0, 8));
         assert_eq!(
-            slot.maybe_propose(0.5, BAND, &fb, 0, &mut t, &mut rng, &mut counts),
+            slot.maybe_propose(&ctx(&fb, 0), &mut t, &mut rng, &mut counts, |_| true),
             None
         );
-        // Too easy: a harder proposal becomes pending.
-        let dir = slot.maybe_propose(0.875, BAND, &fb, 1, &mut t, &mut rng, &mut counts);
+        // 8/8 then 6/8: 14/16 = 0.875 ≥ 0.8 → harder.
+        slot.record(6, 8, &GATE);
+        assert_eq!(slot.estimate(), (0.875, 16));
+        // A rewrite that leaves the task unchanged is not made.
+        assert_eq!(
+            slot.maybe_propose(&ctx(&fb, 1), &mut t, &mut rng, &mut counts, |_| false),
+            None
+        );
+        assert_eq!((counts.proposals, counts.unchanged), (0, 1));
+        // The window keeps the last 2 groups: 6/8 + 2/8 = 0.5 → mid-band, no proposal.
+        slot.record(2, 8, &GATE);
+        assert_eq!(slot.estimate(), (0.5, 16));
+        assert_eq!(
+            slot.maybe_propose(&ctx(&fb, 2), &mut t, &mut rng, &mut counts, |_| true),
+            None
+        );
+        slot.record(8, 8, &GATE);
+        slot.record(7, 8, &GATE); // 15/16
+        let dir = slot.maybe_propose(&ctx(&fb, 3), &mut t, &mut rng, &mut counts, |_| true);
         assert_eq!(dir, Some(Direction::Harder));
         let p = slot.pending.clone().expect("pending");
         assert_eq!(p.difficulty, vec![0.25, 0.75]);
-        assert_eq!((p.base_acc, p.proposed_at), (0.875, 1));
+        assert_eq!((p.base_acc, p.proposed_at), (15.0 / 16.0, 3));
         // While pending, no second proposal.
         assert_eq!(
-            slot.maybe_propose(1.0, BAND, &fb, 1, &mut t, &mut rng, &mut counts),
+            slot.maybe_propose(&ctx(&fb, 3), &mut t, &mut rng, &mut counts, |_| true),
             None
         );
-        // Accepted: replaces the slot.
-        assert_eq!(slot.resolve(0.5, BAND, &mut counts), Some(true));
+        // Accepted against the paired original (8/8): the rewrite's 5/8 is lower and in band;
+        // it replaces the slot and starts its history.
+        assert_eq!(slot.resolve(1.0, (5, 8), BAND, &mut counts), Some(true));
         assert_eq!(slot.difficulty, vec![0.25, 0.75]);
-        assert!(slot.pending.is_none());
-        assert_eq!(slot.resolve(0.5, BAND, &mut counts), None);
-        // Too hard: easier proposal, rejected because it overshoots α_high.
-        slot.maybe_propose(0.125, BAND, &fb, 2, &mut t, &mut rng, &mut counts);
-        assert_eq!(slot.resolve(1.0, BAND, &mut counts), Some(false));
+        assert_eq!(slot.recent, vec![(5, 8)]);
+        assert_eq!(slot.resolve(0.5, (5, 8), BAND, &mut counts), None);
+        // Too hard: an easier proposal, rejected because it overshoots α_high; the slot and
+        // its history stay.
+        slot.record(0, 8, &GATE); // 5/16: mid-band
+        assert_eq!(
+            slot.maybe_propose(&ctx(&fb, 4), &mut t, &mut rng, &mut counts, |_| true),
+            None
+        );
+        slot.record(0, 8, &GATE); // 0/16
+        let dir = slot.maybe_propose(&ctx(&fb, 5), &mut t, &mut rng, &mut counts, |_| true);
+        assert_eq!(dir, Some(Direction::Easier));
+        assert_eq!(slot.resolve(0.125, (8, 8), BAND, &mut counts), Some(false));
         assert_eq!(slot.difficulty, vec![0.25, 0.75]);
+        assert_eq!(slot.recent, vec![(0, 8), (0, 8)]);
         assert_eq!(
             counts,
             AdaptCounts {
                 proposals: 2,
                 accepted: 1,
-                rejected: 1
+                rejected: 1,
+                unchanged: 1,
             }
         );
+    }
+
+    /// Binomial(n, p) draw.
+    fn binomial(n: usize, p: f64, rng: &mut Rng) -> usize {
+        (0..n).filter(|_| rng.bernoulli(p)).count()
+    }
+
+    /// P(X = k) for X ~ Binomial(n, p).
+    fn binomial_pmf(n: usize, p: f64, k: usize) -> f64 {
+        let mut c = 1.0;
+        for i in 0..k {
+            c *= (n - i) as f64 / (i + 1) as f64;
+        }
+        c * p.powi(k as i32) * (1.0 - p).powi((n - k) as i32)
+    }
+
+    /// The acceptance probability of a harder proposal that the accuracy curve implies: the
+    /// paired original's G rollouts at `p0`, the rewrite's at `p1`, independent.
+    fn implied_accept_rate(g: usize, p0: f64, p1: f64) -> f64 {
+        let mut rate = 0.0;
+        for x in 0..=g {
+            for y in 0..=g {
+                if accept(
+                    Direction::Harder,
+                    x as f64 / g as f64,
+                    y as f64 / g as f64,
+                    BAND,
+                ) {
+                    rate += binomial_pmf(g, p0, x) * binomial_pmf(g, p1, y);
+                }
+            }
+        }
+        rate
+    }
+
+    /// A synthetic environment with a known accuracy curve, `acc(d) = 0.95 − 0.6·d`, driven
+    /// through the slot machine the way the loop drives it: each step the slot's group, and
+    /// when pending the rewrite's group, are G = 8 Bernoulli draws at the true accuracy.
+    /// Returns the acceptance rate of harder proposals from the slot at `d0` to `d0 + step`.
+    fn simulated_accept_rate(d0: f64, step: f64, trials: usize, seed: u64) -> f64 {
+        let curve = |d: f64| 0.95 - 0.6 * d;
+        let mut rng = Rng::new(seed);
+        let (mut made, mut accepted) = (0, 0);
+        let fb = CriticFeedback::default();
+        let mut t = Threshold { step };
+        let mut counts = AdaptCounts::default();
+        while made < trials {
+            let mut slot = AdaptSlot::new(vec![d0]);
+            for s in 0..50 {
+                let own = binomial(8, curve(slot.difficulty[0]), &mut rng);
+                if slot.pending.is_some() {
+                    let d1 = slot.pending.as_ref().map_or(d0, |p| p.difficulty[0]);
+                    let new = binomial(8, curve(d1), &mut rng);
+                    slot.record(own, 8, &GATE);
+                    made += 1;
+                    if slot.resolve(own as f64 / 8.0, (new, 8), BAND, &mut counts) == Some(true) {
+                        accepted += 1;
+                    }
+                    break;
+                }
+                slot.record(own, 8, &GATE);
+                slot.maybe_propose(&ctx(&fb, s), &mut t, &mut rng, &mut counts, |_| true);
+            }
+        }
+        accepted as f64 / made as f64
+    }
+
+    #[test]
+    fn gate_accepts_harder_proposals_at_the_rate_the_curve_implies() {
+        // From an easy slot (true acc 0.95) to d = 0.5 (true acc 0.65): the implied rate is
+        // computed from the two binomials alone; the simulation through the slot machine
+        // (trigger on the running estimate, gate on the paired rewrite) matches it.
+        let n = 4000;
+        for (step, seed) in [(0.5, 11), (0.05, 12)] {
+            let implied = implied_accept_rate(8, 0.95, 0.95 - 0.6 * step);
+            let seen = simulated_accept_rate(0.0, step, n, seed);
+            let se = (implied * (1.0 - implied) / n as f64).sqrt();
+            assert!(
+                (seen - implied).abs() < 4.0 * se,
+                "step {step}: accepted {seen:.3}, the curve implies {implied:.3} ± {se:.3}"
+            );
+        }
+        // A real move is accepted far more often than a negligible one.
+        assert!(implied_accept_rate(8, 0.95, 0.65) > 0.8);
+        assert!(implied_accept_rate(8, 0.95, 0.92) < 0.5);
+    }
+
+    #[test]
+    fn gate_on_a_single_triggering_group_is_accepted_by_regression_to_the_mean() {
+        // The design this replaces: trigger on one group (acc ≥ 0.8) and compare the proposal's
+        // group with that same triggering accuracy. For a proposal that changes nothing (true
+        // acc 0.75 on both sides) it accepts far more often than a fair paired comparison.
+        let mut rng = Rng::new(5);
+        let (mut made, mut accepted) = (0, 0);
+        while made < 4000 {
+            let trigger = binomial(8, 0.75, &mut rng) as f64 / 8.0;
+            if direction(trigger, BAND) != Some(Direction::Harder) {
+                continue;
+            }
+            made += 1;
+            let new = binomial(8, 0.75, &mut rng) as f64 / 8.0;
+            accepted += usize::from(accept(Direction::Harder, trigger, new, BAND));
+        }
+        let biased = accepted as f64 / made as f64;
+        let fair = implied_accept_rate(8, 0.75, 0.75);
+        assert!(biased > fair + 0.2, "biased {biased:.3} vs fair {fair:.3}");
     }
 }

@@ -1,7 +1,6 @@
 //! The environment plugin interface. Environments are text in, text out: they never touch
 //! tensors. The loop sees only these traits; concrete environments live in `rlany-envs`.
 
-use crate::rng::Rng;
 use serde::{Deserialize, Serialize};
 
 /// Which distribution a task is drawn from.
@@ -53,12 +52,26 @@ pub trait Episode: Send {
     /// The verifier: did the trajectory so far solve the task?
     fn outcome(&self) -> bool;
     /// Oracle label of step `i` (0-based): was that step correct / progressing?
-    /// `false` for an index that was never taken.
+    /// `false` for an index that was never taken. Used for metrics and warm starts, never
+    /// shown to the proposer by default.
     fn oracle_label(&self, i: usize) -> bool;
-    /// Which difficulty dimensions a failure at step `i` can be attributed to
-    /// (indices into the difficulty space); used as critic feedback.
-    fn attribute_failure(&self, _i: usize) -> Vec<usize> {
+    /// Which difficulty dimensions step `i` *exercises*: a property of the task's structure
+    /// that the environment (the task's author) knows without judging correctness, e.g. "the
+    /// expected line needs a carry". With the judge's verdicts this is the oracle-free critic
+    /// feedback (the judge says which steps failed, the environment what they involved).
+    fn step_dims(&self, _i: usize) -> Vec<usize> {
         Vec::new()
+    }
+    /// The oracle's attribution of a failure at step `i` to difficulty dimensions; only the
+    /// explicitly named upper-bound critic (`critic: Oracle`) uses it.
+    fn oracle_blame(&self, _i: usize) -> Vec<usize> {
+        Vec::new()
+    }
+    /// Identifies the task: two episodes with equal keys are the same task (a rewrite that
+    /// leaves the key unchanged changed nothing). Defaults to the prompt; an environment
+    /// with hidden state must include it.
+    fn task_key(&self) -> String {
+        self.prompt()
     }
 }
 
@@ -66,10 +79,19 @@ pub trait Episode: Send {
 pub trait Environment: Send + Sync {
     /// The named dimensions of the difficulty vector.
     fn difficulty_space(&self) -> Vec<Dim>;
-    /// Draw one task of difficulty `d` from `split`. `d` is clamped to `[0, 1]` per dimension.
-    fn sample(&self, d: &[f64], split: Split, rng: &mut Rng) -> Box<dyn Episode>;
-    /// Expert demonstrations for the supervised warm start: `(prompt, steps)` where each
-    /// step is one action line. `noise` is the environment's own notion of a flawed expert
-    /// (documented by each environment) so that the warm-started policy is mid-range.
-    fn demonstration(&self, d: &[f64], noise: f64, rng: &mut Rng) -> (String, Vec<String>);
+    /// The task of difficulty `d` from `split` with seed `seed`: a pure function of its
+    /// arguments. Each part of a task is drawn from its own stream derived from `seed`, so a
+    /// *rewrite* (same seed, another difficulty) keeps everything the changed dimensions do
+    /// not control. `d` is clamped to `[0, 1]` per dimension.
+    fn sample(&self, d: &[f64], split: Split, seed: u64) -> Box<dyn Episode>;
+    /// The expert's solution of the task `sample(d, Split::Train, seed)` for the supervised
+    /// warm start: `(prompt, steps)` where each step is one action line. `noise` is the
+    /// environment's own notion of a flawed expert (documented by each environment) so that
+    /// the warm-started policy is mid-range; its draws also derive from `seed`.
+    fn demonstration(&self, d: &[f64], noise: f64, seed: u64) -> (String, Vec<String>);
+    /// The in-domain evaluation grid: the difficulty levels (one value used on every
+    /// dimension) the in-domain eval spreads its tasks over, covering the training range.
+    fn eval_levels(&self) -> Vec<f64> {
+        vec![0.0, 0.25, 0.5, 0.75, 1.0]
+    }
 }

@@ -1,7 +1,10 @@
 //! Evaluation: greedy (temperature 0) rollouts on a fixed set of held-out tasks of the
-//! training distribution (`Split::Eval`) and of the out-of-distribution split. The task sets
-//! are drawn from streams derived from the run's seed, so every evaluation of a run (and of a
-//! resumed run) sees the same tasks.
+//! training distribution (`Split::Eval`) and of the out-of-distribution split. The tasks are
+//! spread evenly over the environment's eval grid ([`crate::Environment::eval_levels`]: task
+//! `i` at level `levels[i mod L]` on every dimension), so the in-domain accuracy covers the
+//! whole training range, not only where the task slots start. The task seeds come from
+//! streams derived from the run's seed, so every evaluation of a run (and of a resumed run,
+//! and of every row of an ablation) sees the same tasks.
 
 use crate::advantage::accuracy;
 use crate::env::{Environment, Split};
@@ -17,6 +20,8 @@ pub struct EvalResult {
     pub accuracy: f64,
     /// Fraction of policy steps the oracle labels correct.
     pub step_accuracy: f64,
+    /// `(level, accuracy of its tasks)` per grid level.
+    pub by_level: Vec<(f64, f64)>,
     /// The played-out tasks.
     pub trajectories: Vec<Trajectory>,
 }
@@ -26,8 +31,10 @@ pub struct EvalResult {
 pub struct EvalSpec<'a> {
     /// Which split.
     pub split: Split,
-    /// The difficulty of its tasks.
-    pub difficulty: &'a [f64],
+    /// The grid levels the tasks are spread over.
+    pub levels: &'a [f64],
+    /// Dimensions of the difficulty space.
+    pub dims: usize,
     /// How many tasks.
     pub tasks: usize,
     /// The run's seed (the task set derives from it).
@@ -47,7 +54,8 @@ pub fn evaluate<B: Backend, M: CausalLm<B>>(
 ) -> EvalResult {
     let EvalSpec {
         split,
-        difficulty: d,
+        levels,
+        dims,
         tasks: n,
         seed,
         max_step_tokens,
@@ -61,8 +69,14 @@ pub fn evaluate<B: Backend, M: CausalLm<B>>(
             "eval-id"
         },
     );
+    let level = |i: usize| levels.get(i % levels.len().max(1)).copied().unwrap_or(0.5);
     let episodes = (0..n)
-        .map(|i| (i, env.sample(d, split, &mut task_rng)))
+        .map(|i| {
+            (
+                i,
+                env.sample(&vec![level(i); dims], split, task_rng.next_u64()),
+            )
+        })
         .collect();
     let params = SampleParams {
         temperature: 0.0,
@@ -78,7 +92,14 @@ pub fn evaluate<B: Backend, M: CausalLm<B>>(
         .iter()
         .flat_map(|t| t.steps.iter().map(|s| s.oracle))
         .collect();
+    let by_level = (0..levels.len().min(n))
+        .map(|l| {
+            let solved: Vec<bool> = (l..n).step_by(levels.len()).map(|i| outcomes[i]).collect();
+            (levels[l], accuracy(&solved))
+        })
+        .collect();
     EvalResult {
+        by_level,
         accuracy: accuracy(&outcomes),
         step_accuracy: accuracy(&labels),
         trajectories,

@@ -101,6 +101,13 @@ pub struct Experiment<E, A> {
     /// How task difficulty adapts (`Static`: never).
     #[serde(default)]
     pub adaptation: A,
+    /// When a task slot may propose: its running accuracy (window, rollouts).
+    #[serde(default)]
+    pub gate: crate::adapt::GateSpec,
+    /// Where the proposer's critic feedback comes from (`Judge`: the method; `Oracle`: an
+    /// upper bound).
+    #[serde(default)]
+    pub critic: crate::adapt::Critic,
     /// Sizes and schedule of the run.
     pub budget: Budget,
     /// Which implementation of the loss-side ops (token log-probs) the updates use.
@@ -373,6 +380,8 @@ impl Default for JudgeWarmStart {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RewardSpec {
+    /// The outcome's values `O` (`PlusMinus`: ±1, `ZeroOne`: 1/0).
+    pub outcome: crate::reward::OutcomeScale,
     /// λ of the integrated reward `R = O + (λ/m) Σ S`.
     pub lambda: f64,
     /// m: judge verdicts per step.
@@ -386,6 +395,7 @@ pub struct RewardSpec {
 impl Default for RewardSpec {
     fn default() -> Self {
         Self {
+            outcome: crate::reward::OutcomeScale::PlusMinus,
             lambda: 1.0,
             votes: 3,
             policy_band: (0.125, 0.875),
@@ -688,6 +698,8 @@ impl<E: EnvironmentChoice, A: AdaptationChoice> Experiment<E, A> {
         if let Some(a) = self.adaptation.plugin() {
             a.validate().map_err(|e| e.within("adaptation"))?;
         }
+        count("gate.window", self.gate.window, 1, 10_000)?;
+        count("gate.min_rollouts", self.gate.min_rollouts, 1, MAX_COUNT)?;
 
         let ppo = self.ppo();
         real("algorithm.clip", ppo.clip, 0.0, 10.0)?;

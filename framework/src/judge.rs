@@ -16,7 +16,7 @@ use crate::env::{Environment, Split};
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
 use crate::reward::Verdict;
 use crate::rng::Rng;
-use crate::rollout::{Trajectory, rollout};
+use crate::rollout::{StepSpan, Trajectory, rollout};
 use crate::sampling::Sampler;
 use burn::prelude::*;
 
@@ -115,14 +115,27 @@ pub fn judge_steps<B: Backend, M: CausalLm<B>>(
             });
         }
     }
+    cast_votes(judge, tok, &mut judged, votes, temperature, rng);
+    judged
+}
+
+/// Fills each judged step's `votes` tokens and verdicts.
+fn cast_votes<B: Backend, M: CausalLm<B>>(
+    judge: &M,
+    tok: &dyn Tokenizer,
+    judged: &mut [JudgedStep],
+    votes: usize,
+    temperature: f64,
+    rng: &mut Rng,
+) {
     if judged.is_empty() || votes == 0 {
-        return judged;
+        return;
     }
     // A verdict is one token: the m votes are m draws from the same next-token distribution,
     // so each prompt is run through the judge once (not once per vote); the draws use the
     // models' own sampler, one uniform per vote.
     let Some(device) = judge.devices().into_iter().next() else {
-        return judged;
+        return;
     };
     let mut sampler = Sampler::default();
     for chunk in judged.chunks_mut(VOTE_BATCH) {
@@ -136,7 +149,6 @@ pub fn judge_steps<B: Backend, M: CausalLm<B>>(
             }
         }
     }
-    judged
 }
 
 /// Judge prompts run through the model per forward pass.
@@ -219,7 +231,7 @@ pub fn labelled_steps<B: Backend, P: CausalLm<B>>(
         let episodes = (0..32)
             .map(|i| {
                 let d: Vec<f64> = (0..dims).map(|_| rng.uniform()).collect();
-                (i, env.sample(&d, Split::Train, rng))
+                (i, env.sample(&d, Split::Train, rng.next_u64()))
             })
             .collect();
         let trajs = rollout(policy, tok, episodes, params, max_env_steps, rng);
@@ -247,51 +259,144 @@ pub fn by_trajectory(judged: &[JudgedStep], trajs: &[Trajectory]) -> Vec<Vec<Vec
     out
 }
 
-/// Judge quality on played-out trajectories (framework/METHOD.md, "What the paper measures").
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct JudgeQuality {
-    /// Majority verdict agrees with the oracle step label.
-    pub process_acc: f64,
-    /// Process accuracy on steps the oracle labels correct (p⁺).
-    pub process_acc_pos: f64,
-    /// Process accuracy on steps the oracle labels wrong (p⁻).
-    pub process_acc_neg: f64,
-    /// "Every step judged good" agrees with the trajectory's outcome.
-    pub outcome_acc: f64,
-}
-
-/// Scores the judge's majority verdicts against the oracle labels and outcomes.
-pub fn quality(judged: &[JudgedStep], trajs: &[Trajectory]) -> JudgeQuality {
-    let (mut hit, mut n, mut hit_pos, mut n_pos, mut hit_neg, mut n_neg) = (0, 0, 0, 0, 0, 0);
-    let mut all_good = vec![true; trajs.len()];
-    for j in judged {
-        let maj = crate::reward::majority(&j.verdicts);
-        let oracle = trajs[j.traj].steps[j.step].oracle;
-        let right = (oracle && maj == 1) || (!oracle && maj == -1);
-        n += 1;
-        hit += usize::from(right);
-        if oracle {
-            n_pos += 1;
-            hit_pos += usize::from(right);
-        } else {
-            n_neg += 1;
-            hit_neg += usize::from(right);
+/// A balanced, fixed pool of oracle-labelled steps on which every evaluation measures the
+/// judge (the same pool for every row of an ablation: it depends only on the environment,
+/// the seed and the judge's context length, never on a policy). Steps come from the flawed
+/// expert's solutions (slip probability `noise`) of tasks spread over the in-domain eval
+/// grid, replayed through the environment for their observations and oracle labels; half
+/// are labelled correct, half wrong (fewer of one kind only if the environment cannot
+/// produce them). Returns `(prompt tokens, oracle label)`.
+pub fn labelled_pool(
+    env: &dyn Environment,
+    tok: &dyn Tokenizer,
+    judge_max_len: usize,
+    n: usize,
+    noise: f64,
+    seed: u64,
+) -> Vec<(Vec<u32>, bool)> {
+    let dims = env.difficulty_space().len();
+    let levels = env.eval_levels();
+    let mut rng = Rng::derive(seed, "judge-pool");
+    let (mut pos, mut neg) = (Vec::new(), Vec::new());
+    let half = n / 2;
+    for i in 0..n.saturating_mul(50).max(1) {
+        if pos.len() >= half && neg.len() >= n - half {
+            break;
         }
-        if maj != 1 {
-            all_good[j.traj] = false;
+        let level = levels.get(i % levels.len().max(1)).copied().unwrap_or(0.5);
+        let d = vec![level; dims];
+        let task_seed = rng.next_u64();
+        let (_, lines) = env.demonstration(&d, noise, task_seed);
+        let mut ep = env.sample(&d, Split::Train, task_seed);
+        let mut t = Trajectory {
+            task: 0,
+            tokens: Vec::new(),
+            steps: Vec::new(),
+            outcome: false,
+            prompt: ep.prompt(),
+            finite: true,
+        };
+        for line in lines {
+            if ep.done() {
+                break;
+            }
+            let result = ep.step(&line);
+            t.steps.push(StepSpan {
+                start: 0,
+                end: 0,
+                oracle: ep.oracle_label(t.steps.len()),
+                text: line,
+                observation: result.observation,
+                dims: Vec::new(),
+                oracle_blame: Vec::new(),
+            });
+        }
+        for (j, step) in t.steps.iter().enumerate() {
+            let (bucket, cap) = if step.oracle {
+                (&mut pos, half)
+            } else {
+                (&mut neg, n - half)
+            };
+            if bucket.len() < cap {
+                bucket.push((encode_prompt(tok, &t, j, judge_max_len), step.oracle));
+            }
         }
     }
-    let frac = |a: usize, b: usize| if b == 0 { 0.0 } else { a as f64 / b as f64 };
-    let outcome_hits = trajs
+    pos.into_iter().chain(neg).collect()
+}
+
+/// The judge's majority verdicts on labelled prompts (one entry per prompt).
+pub fn judge_prompts<B: Backend, M: CausalLm<B>>(
+    judge: &M,
+    tok: &dyn Tokenizer,
+    prompts: &[(Vec<u32>, bool)],
+    votes: usize,
+    temperature: f64,
+    rng: &mut Rng,
+) -> Vec<JudgedStep> {
+    let mut judged: Vec<JudgedStep> = prompts
         .iter()
-        .zip(&all_good)
-        .filter(|(t, g)| t.outcome == **g)
-        .count();
+        .enumerate()
+        .map(|(i, (prompt, _))| JudgedStep {
+            traj: i,
+            step: 0,
+            prompt: prompt.clone(),
+            tokens: Vec::with_capacity(votes),
+            verdicts: Vec::with_capacity(votes),
+        })
+        .collect();
+    cast_votes(judge, tok, &mut judged, votes, temperature, rng);
+    judged
+}
+
+/// The judge's accuracy against oracle labels, by label (framework/METHOD.md, "What the paper
+/// measures"): its majority verdict is right on a correct step when it is `+`, on a wrong
+/// step when it is `−` (ties and format failures are wrong on both).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct JudgeQuality {
+    /// Accuracy on steps the oracle labels correct (p⁺); `None` without such steps.
+    pub pos_acc: Option<f64>,
+    /// Accuracy on steps the oracle labels wrong (p⁻); `None` without such steps.
+    pub neg_acc: Option<f64>,
+}
+
+impl JudgeQuality {
+    /// `(p⁺ + p⁻) / 2`, when both are defined: what a judge that always says `+` cannot fake.
+    pub fn balanced(&self) -> Option<f64> {
+        Some((self.pos_acc? + self.neg_acc?) / 2.0)
+    }
+
+    /// Writes `<prefix>_pos_acc`, `<prefix>_neg_acc` and `<prefix>_bal_acc` (those defined).
+    pub fn set(&self, m: &mut crate::rundir::Metrics, prefix: &str) {
+        for (name, v) in [
+            ("pos_acc", self.pos_acc),
+            ("neg_acc", self.neg_acc),
+            ("bal_acc", self.balanced()),
+        ] {
+            if let Some(v) = v {
+                m.set(&format!("{prefix}_{name}"), v);
+            }
+        }
+    }
+}
+
+/// Scores majority verdicts against oracle labels: `(oracle label, verdicts)` per step.
+pub fn quality<'a>(steps: impl IntoIterator<Item = (bool, &'a [Verdict])>) -> JudgeQuality {
+    let (mut hit_pos, mut n_pos, mut hit_neg, mut n_neg) = (0usize, 0usize, 0usize, 0usize);
+    for (oracle, verdicts) in steps {
+        let maj = crate::reward::majority(verdicts);
+        if oracle {
+            n_pos += 1;
+            hit_pos += usize::from(maj == 1);
+        } else {
+            n_neg += 1;
+            hit_neg += usize::from(maj == -1);
+        }
+    }
+    let frac = |a: usize, b: usize| (b > 0).then(|| a as f64 / b as f64);
     JudgeQuality {
-        process_acc: frac(hit, n),
-        process_acc_pos: frac(hit_pos, n_pos),
-        process_acc_neg: frac(hit_neg, n_neg),
-        outcome_acc: frac(outcome_hits, trajs.len()),
+        pos_acc: frac(hit_pos, n_pos),
+        neg_acc: frac(hit_neg, n_neg),
     }
 }
 
@@ -320,18 +425,6 @@ mod tests {
         }
     }
     use super::*;
-    use crate::rollout::StepSpan;
-
-    fn span(text: &str, oracle: bool) -> StepSpan {
-        StepSpan {
-            start: 1,
-            end: 2,
-            text: text.into(),
-            oracle,
-            observation: String::new(),
-            blame: Vec::new(),
-        }
-    }
 
     #[test]
     fn prompt_layout() {
@@ -343,42 +436,28 @@ mod tests {
 
     #[test]
     fn quality_hand_computed() {
-        let trajs = vec![
-            Trajectory {
-                task: 0,
-                tokens: vec![],
-                steps: vec![span("a", true), span("b", false)],
-                outcome: false,
-                prompt: "p".into(),
-                finite: true,
-            },
-            Trajectory {
-                task: 0,
-                tokens: vec![],
-                steps: vec![span("c", true)],
-                outcome: true,
-                prompt: "p".into(),
-                finite: true,
-            },
+        // Correct steps judged (+,+,−) right, (+,0,+) right, (−,−,+) wrong: p⁺ = 2/3.
+        // Wrong steps judged (−,−,−) right, (+,−,0) tie → wrong: p⁻ = 1/2. Balanced 7/12.
+        let steps: Vec<(bool, Vec<i8>)> = vec![
+            (true, vec![1, 1, -1]),
+            (true, vec![1, 0, 1]),
+            (true, vec![-1, -1, 1]),
+            (false, vec![-1, -1, -1]),
+            (false, vec![1, -1, 0]),
         ];
-        let j = |traj, step, verdicts: Vec<i8>| JudgedStep {
-            traj,
-            step,
-            prompt: vec![],
-            tokens: vec![],
-            verdicts,
-        };
-        // Step (0,0) good, judged + (right); (0,1) bad, judged + (wrong); (1,0) good, judged + (right).
-        let judged = vec![
-            j(0, 0, vec![1, 1, -1]),
-            j(0, 1, vec![1, 0, 1]),
-            j(1, 0, vec![1, 1, 1]),
-        ];
-        let q = quality(&judged, &trajs);
-        assert!((q.process_acc - 2.0 / 3.0).abs() < 1e-12);
-        assert_eq!(q.process_acc_pos, 1.0);
-        assert_eq!(q.process_acc_neg, 0.0);
-        // Trajectory 0 all judged good but failed (wrong); trajectory 1 right.
-        assert_eq!(q.outcome_acc, 0.5);
+        let q = quality(steps.iter().map(|(o, v)| (*o, v.as_slice())));
+        assert!((q.pos_acc.unwrap_or(0.0) - 2.0 / 3.0).abs() < 1e-12);
+        assert_eq!(q.neg_acc, Some(0.5));
+        assert!((q.balanced().unwrap_or(0.0) - 7.0 / 12.0).abs() < 1e-12);
+        // Only correct steps: p⁻ and the balanced accuracy are undefined, not 0.
+        let q = quality([(true, [1i8].as_slice())]);
+        assert_eq!(
+            (q.pos_acc, q.neg_acc, q.balanced()),
+            (Some(1.0), None, None)
+        );
+        let mut m = crate::rundir::Metrics::new(1);
+        q.set(&mut m, "judge/eval");
+        assert_eq!(m.get("judge/eval_pos_acc"), Some(1.0));
+        assert_eq!(m.get("judge/eval_bal_acc"), None);
     }
 }

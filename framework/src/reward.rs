@@ -6,6 +6,28 @@
 //!   advantages are z-scored over the `m` verdicts of one step.
 
 use crate::advantage::zscore;
+use serde::{Deserialize, Serialize};
+
+/// The values of the outcome `O` in the integrated reward (`reward: (outcome: ...)`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OutcomeScale {
+    /// Solved `+1`, failed `−1`.
+    #[default]
+    PlusMinus,
+    /// Solved `1`, failed `0`.
+    ZeroOne,
+}
+
+impl OutcomeScale {
+    /// `O` for a trajectory that did (`true`) or did not solve its task.
+    pub fn value(self, solved: bool) -> f64 {
+        match (self, solved) {
+            (_, true) => 1.0,
+            (OutcomeScale::PlusMinus, false) => -1.0,
+            (OutcomeScale::ZeroOne, false) => 0.0,
+        }
+    }
+}
 
 /// A verdict: `+1` (step is good), `−1` (bad), `0` (unparseable: a format failure).
 pub type Verdict = i8;
@@ -14,8 +36,13 @@ pub type Verdict = i8;
 pub const INVALID_VERDICT_REWARD: f64 = -2.0;
 
 /// `O + (λ / m) · Σ S`; with no verdicts (no judge) it is the outcome alone.
-pub fn integrated_reward(outcome: bool, verdicts: &[Verdict], lambda: f64) -> f64 {
-    let o = if outcome { 1.0 } else { -1.0 };
+pub fn integrated_reward(
+    outcome: bool,
+    verdicts: &[Verdict],
+    lambda: f64,
+    scale: OutcomeScale,
+) -> f64 {
+    let o = scale.value(outcome);
     if verdicts.is_empty() {
         return o;
     }
@@ -60,12 +87,18 @@ mod tests {
 
     #[test]
     fn integrated_reward_hand_computed() {
+        let pm = OutcomeScale::PlusMinus;
         // O = +1, λ = 1, verdicts (+1, −1, +1): 1 + 1/3 · 1 = 4/3
-        assert!((integrated_reward(true, &[1, -1, 1], 1.0) - 4.0 / 3.0).abs() < 1e-12);
+        assert!((integrated_reward(true, &[1, -1, 1], 1.0, pm) - 4.0 / 3.0).abs() < 1e-12);
         // O = −1, λ = 0.5, verdicts (−1, −1, 0): −1 + 0.5/3 · (−2) = −4/3
-        assert!((integrated_reward(false, &[-1, -1, 0], 0.5) + 4.0 / 3.0).abs() < 1e-12);
+        assert!((integrated_reward(false, &[-1, -1, 0], 0.5, pm) + 4.0 / 3.0).abs() < 1e-12);
         // No judge: the outcome alone.
-        assert_eq!(integrated_reward(false, &[], 1.0), -1.0);
+        assert_eq!(integrated_reward(false, &[], 1.0, pm), -1.0);
+        // O ∈ {0, 1}: failed with verdicts (−1, −1, +1), λ = 1: 0 − 1/3 = −1/3.
+        let zo = OutcomeScale::ZeroOne;
+        assert!((integrated_reward(false, &[-1, -1, 1], 1.0, zo) + 1.0 / 3.0).abs() < 1e-12);
+        assert_eq!(integrated_reward(false, &[], 1.0, zo), 0.0);
+        assert_eq!(integrated_reward(true, &[], 1.0, zo), 1.0);
     }
 
     #[test]

@@ -21,8 +21,12 @@ pub struct StepSpan {
     pub oracle: bool,
     /// The observation the environment answered with.
     pub observation: String,
-    /// Difficulty dimensions the environment blames if this step failed (critic feedback).
-    pub blame: Vec<usize>,
+    /// Difficulty dimensions the step exercises ([`Episode::step_dims`]: task structure,
+    /// not correctness); with the judge's verdicts, the default critic feedback.
+    pub dims: Vec<usize>,
+    /// The oracle's attribution of the step's failure ([`Episode::oracle_blame`]; empty when
+    /// correct); only the upper-bound `critic: Oracle` uses it.
+    pub oracle_blame: Vec<usize>,
 }
 
 /// One played-out episode.
@@ -107,10 +111,10 @@ pub fn rollout<B: Backend, M: CausalLm<B>>(
             let text = tok.decode(&body);
             let result = ep.step(&text);
             let oracle = ep.oracle_label(steps.len());
-            let blame = if oracle {
+            let oracle_blame = if oracle {
                 Vec::new()
             } else {
-                ep.attribute_failure(steps.len())
+                ep.oracle_blame(steps.len())
             };
             steps.push(StepSpan {
                 start,
@@ -118,7 +122,8 @@ pub fn rollout<B: Backend, M: CausalLm<B>>(
                 text,
                 oracle,
                 observation: result.observation.clone(),
-                blame,
+                dims: ep.step_dims(steps.len()),
+                oracle_blame,
             });
             if !result.observation.is_empty() {
                 ctx.extend(tok.encode(&result.observation));

@@ -4,7 +4,9 @@
 //! the critic feedback of each slot and the step's metrics. The phases that run a model live
 //! in [`crate::trainer`]; each writes into the same [`StepBatch`].
 
-use crate::adapt::{AdaptCounts, AdaptSlot, CriticFeedback, Observation, Proposer};
+use crate::adapt::{
+    AdaptCounts, AdaptSlot, Critic, CriticFeedback, GateSpec, Observation, ProposeContext, Proposer,
+};
 use crate::advantage::{accuracy, group_step_advantages, in_band};
 use crate::env::{Difficulty, Environment, Episode, Split};
 use crate::judge::JudgedStep;
@@ -91,6 +93,9 @@ pub struct StepBatch {
     pub kept_groups: usize,
     /// Judge samples (one verdict token each).
     pub judge_samples: Vec<Sample>,
+    /// Indices into `judged` of the steps the judge's update drew from (groups inside the
+    /// judge band; unanimous verdicts among them carry zero advantage).
+    pub judge_trained: Vec<usize>,
     /// Statistics of the policy update.
     pub policy_stats: Option<UpdateStats>,
     /// Statistics of the judge update.
@@ -119,9 +124,16 @@ impl StepBatch {
 /// Episodes paired with the index of their group.
 pub type Episodes = Vec<(usize, Box<dyn Episode>)>;
 
-/// Phase 1, tasks: one fresh task per slot (and per pending proposal), shared by the `G`
-/// rollouts of its group. Each task is drawn from its own seed, taken from `task_rng` in slot
-/// order. Returns the groups (members still empty) and the episodes paired with their group.
+/// The task seeds of one step, one per slot, in slot order: the next `slots` draws of
+/// `task_rng` (so the seeds of the next step can be known in advance from a clone).
+pub fn task_seeds(task_rng: &mut Rng, slots: usize) -> Vec<u64> {
+    (0..slots).map(|_| task_rng.next_u64()).collect()
+}
+
+/// Phase 1, tasks: one fresh task per slot (seed from [`task_seeds`]), shared by the `G`
+/// rollouts of its group; a slot's pending proposal is rolled out on the *rewrite* of that
+/// task (the same seed at the proposed difficulty). Returns the groups (members still empty)
+/// and the episodes paired with their group.
 pub fn draw_tasks(
     slots: &[AdaptSlot],
     env: &dyn Environment,
@@ -130,15 +142,15 @@ pub fn draw_tasks(
 ) -> (Vec<Group>, Episodes) {
     let mut groups = Vec::new();
     let mut episodes = Vec::new();
-    for (k, slot) in slots.iter().enumerate() {
+    for ((k, slot), seed) in slots
+        .iter()
+        .enumerate()
+        .zip(task_seeds(task_rng, slots.len()))
+    {
         let pending = slot.pending.as_ref().map(|p| (true, p.difficulty.clone()));
         for (is_pending, d) in std::iter::once((false, slot.difficulty.clone())).chain(pending) {
-            let task_seed = task_rng.next_u64();
             for _ in 0..group_size {
-                episodes.push((
-                    groups.len(),
-                    env.sample(&d, Split::Train, &mut Rng::new(task_seed)),
-                ));
+                episodes.push((groups.len(), env.sample(&d, Split::Train, seed)));
             }
             groups.push(Group {
                 slot: k,
@@ -153,14 +165,16 @@ pub fn draw_tasks(
     (groups, episodes)
 }
 
-/// Phase 3, outcome and gate: group accuracies; every group is observed by the proposer; each
-/// pending proposal is accepted (it replaces its slot, its rollouts are used) or rejected
-/// (its rollouts are dropped unused) by the method's gate. Fills `members`, `acc`, `used` and
-/// `slot_acc`.
+/// Phase 3, outcome and gate: group accuracies; every group is observed by the proposer;
+/// each slot's own group is recorded into its running accuracy; each pending proposal is
+/// accepted (it replaces its slot, its rollouts are used) or rejected (its rollouts are
+/// dropped unused) by the method's gate, comparing the rewrite with the same step's original
+/// task. Fills `members`, `acc`, `used` and `slot_acc` (the slots' running accuracies).
 pub fn outcome_and_gate(
     batch: &mut StepBatch,
     slots: &mut [AdaptSlot],
     band: (f64, f64),
+    gate: &GateSpec,
     proposer: &mut dyn Proposer,
     counts: &mut AdaptCounts,
 ) {
@@ -171,7 +185,7 @@ pub fn outcome_and_gate(
         batch.groups[t.task].members.push(i);
     }
     let group_size = batch.groups.first().map_or(0, |g| g.members.len());
-    batch.slot_acc = vec![0.0; slots.len()];
+    let mut own_acc = vec![f64::NAN; slots.len()];
     for g in &mut batch.groups {
         let outcomes: Vec<bool> = g.members.iter().map(|&i| batch.trajs[i].outcome).collect();
         g.acc = accuracy(&outcomes);
@@ -182,13 +196,21 @@ pub fn outcome_and_gate(
             group_size,
         });
         if !g.pending {
-            batch.slot_acc[g.slot] = g.acc;
+            own_acc[g.slot] = g.acc;
+            let solved = outcomes.iter().filter(|&&o| o).count();
+            slots[g.slot].record(solved, outcomes.len(), gate);
         }
     }
     for g in batch.groups.iter_mut().filter(|g| g.pending) {
         let from = slots[g.slot].difficulty.clone();
         let pending = slots[g.slot].pending.clone();
-        let accepted = slots[g.slot].resolve(g.acc, band, counts) == Some(true);
+        let solved = g
+            .members
+            .iter()
+            .filter(|&&i| batch.trajs[i].outcome)
+            .count();
+        let new = (solved, g.members.len());
+        let accepted = slots[g.slot].resolve(own_acc[g.slot], new, band, counts) == Some(true);
         if let Some(p) = pending {
             batch.proposals.push(ProposalEvent {
                 slot: g.slot,
@@ -196,16 +218,13 @@ pub fn outcome_and_gate(
                 to: p.difficulty,
                 direction: p.direction,
                 verdict: if accepted { "accepted" } else { "rejected" },
-                acc: p.base_acc,
+                acc: own_acc[g.slot],
                 new_acc: Some(g.acc),
             });
         }
         g.used = accepted;
-        if accepted {
-            // The accepted task replaces the slot: its accuracy is the slot's now.
-            batch.slot_acc[g.slot] = g.acc;
-        }
     }
+    batch.slot_acc = slots.iter().map(|s| s.estimate().0).collect();
 }
 
 /// Indices of the trajectories of used groups (those the judge scores and training sees).
@@ -218,14 +237,15 @@ pub fn used_trajectories(batch: &StepBatch) -> Vec<usize> {
 /// Phase 5a, the policy's rewards and advantages: the integrated reward of every step, then
 /// for every used group inside `policy_band`, advantages z-scored per group and step index.
 /// Fills `step_rewards`, `policy_samples` and `kept_groups`.
-pub fn policy_samples(batch: &mut StepBatch, lambda: f64, policy_band: (f64, f64)) {
+pub fn policy_samples(batch: &mut StepBatch, reward: &crate::experiment::RewardSpec) {
+    let (lambda, policy_band, scale) = (reward.lambda, reward.policy_band, reward.outcome);
     batch.step_rewards = batch
         .trajs
         .iter()
         .zip(&batch.verdicts)
         .map(|(t, v)| {
             v.iter()
-                .map(|s| reward::integrated_reward(t.outcome, s, lambda))
+                .map(|s| reward::integrated_reward(t.outcome, s, lambda, scale))
                 .collect()
         })
         .collect();
@@ -268,11 +288,13 @@ pub fn policy_samples(batch: &mut StepBatch, lambda: f64, policy_band: (f64, f64
 /// sample per verdict token. Needs `step_rewards`.
 pub fn judge_samples(batch: &mut StepBatch, judge_band: (f64, f64)) {
     batch.judge_samples.clear();
-    for js in &batch.judged {
+    batch.judge_trained.clear();
+    for (k, js) in batch.judged.iter().enumerate() {
         let g = &batch.groups[batch.trajs[js.traj].task];
         if !in_band(g.acc, judge_band) {
             continue;
         }
+        batch.judge_trained.push(k);
         let r = batch.step_rewards[js.traj][js.step];
         let Some(adv) = reward::verdict_advantages(r, &js.verdicts) else {
             continue;
@@ -293,46 +315,73 @@ pub fn judge_samples(batch: &mut StepBatch, judge_band: (f64, f64)) {
     }
 }
 
-/// The critic feedback of slot `slot`: its used groups' steps, each with whether all its
-/// verdicts were negative and the dimensions the environment blames.
-pub fn critic_feedback(batch: &StepBatch, slot: usize, dims: usize) -> CriticFeedback {
-    let steps = batch
-        .groups
-        .iter()
-        .filter(|g| g.slot == slot && g.used)
-        .flat_map(|g| g.members.iter())
-        .flat_map(|&i| {
-            batch.trajs[i]
-                .steps
-                .iter()
-                .zip(&batch.verdicts[i])
-                .map(|(s, v)| (reward::all_negative(v), s.blame.as_slice()))
-        });
+/// The critic feedback of slot `slot` from its used groups' steps: with [`Critic::Judge`]
+/// a step is flagged when all its verdicts are negative and blamed on the dimensions it
+/// exercises; with [`Critic::Oracle`] (the upper bound) when the oracle labels it wrong, and
+/// blamed on the oracle's attribution.
+pub fn critic_feedback(
+    batch: &StepBatch,
+    slot: usize,
+    dims: usize,
+    critic: Critic,
+) -> CriticFeedback {
+    let steps =
+        batch
+            .groups
+            .iter()
+            .filter(|g| g.slot == slot && g.used)
+            .flat_map(|g| g.members.iter())
+            .flat_map(|&i| {
+                batch.trajs[i].steps.iter().zip(&batch.verdicts[i]).map(
+                    move |(s, v)| match critic {
+                        Critic::Judge => (reward::all_negative(v), s.dims.as_slice()),
+                        Critic::Oracle => (!s.oracle, s.oracle_blame.as_slice()),
+                    },
+                )
+            });
     CriticFeedback::from_steps(dims, steps)
 }
 
-/// Phase 7, proposals: every slot that is too easy or too hard (and has nothing pending)
-/// asks the proposer for a new difficulty, given its critic feedback.
+/// What phase 7 needs besides the batch and the slots.
+pub struct ProposalPhase<'a> {
+    /// The environment (to check that a rewrite changes the task).
+    pub env: &'a dyn Environment,
+    /// Each slot's task seed at the next step (see [`task_seeds`]).
+    pub next_seeds: &'a [u64],
+    /// Dimensions of the difficulty space.
+    pub dims: usize,
+    /// `(α_low, α_high)`.
+    pub band: (f64, f64),
+    /// Running-accuracy settings.
+    pub gate: &'a GateSpec,
+    /// Where the critic feedback comes from.
+    pub critic: Critic,
+}
+
+/// Phase 7, proposals: every slot whose running accuracy is too easy or too hard (and has
+/// nothing pending) asks the proposer for a new difficulty, given its critic feedback; a
+/// proposal whose rewrite of the slot's next task is the same task is not made.
 pub fn propose(
     batch: &mut StepBatch,
     slots: &mut [AdaptSlot],
-    dims: usize,
-    band: (f64, f64),
+    phase: &ProposalPhase<'_>,
     proposer: &mut dyn Proposer,
     rng: &mut Rng,
     counts: &mut AdaptCounts,
 ) {
     for (k, slot) in slots.iter_mut().enumerate() {
-        let feedback = critic_feedback(batch, k, dims);
-        let made = slot.maybe_propose(
-            batch.slot_acc[k],
-            band,
-            &feedback,
-            batch.step,
-            proposer,
-            rng,
-            counts,
-        );
+        let feedback = critic_feedback(batch, k, phase.dims, phase.critic);
+        let ctx = ProposeContext {
+            band: phase.band,
+            gate: phase.gate,
+            feedback: &feedback,
+            step: batch.step,
+        };
+        let seed = phase.next_seeds.get(k).copied().unwrap_or(0);
+        let current = slot.difficulty.clone();
+        let key = |d: &[f64]| phase.env.sample(d, Split::Train, seed).task_key();
+        let changes = |d: &[f64]| key(d) != key(&current);
+        let made = slot.maybe_propose(&ctx, proposer, rng, counts, changes);
         if let (Some(direction), Some(p)) = (made, &slot.pending) {
             batch.proposals.push(ProposalEvent {
                 slot: k,
@@ -348,6 +397,7 @@ pub fn propose(
 }
 
 /// The training-side metrics of a step: environment, rewards, updates and judge verdicts.
+/// Rollouts of rejected proposals are left out of everything but `env/*` counts.
 pub fn step_metrics(
     m: &mut Metrics,
     batch: &StepBatch,
@@ -361,12 +411,21 @@ pub fn step_metrics(
         .filter(|g| !g.pending)
         .map(|g| g.acc)
         .collect();
-    let step_labels: Vec<bool> = batch
-        .trajs
+    let used = used_trajectories(batch);
+    let step_labels: Vec<bool> = used
         .iter()
-        .flat_map(|t| t.steps.iter().map(|s| s.oracle))
+        .flat_map(|&i| batch.trajs[i].steps.iter().map(|s| s.oracle))
         .collect();
     m.set("env/acc_mean", mean(&main_accs));
+    let running: Vec<f64> = batch
+        .slot_acc
+        .iter()
+        .copied()
+        .filter(|a| a.is_finite())
+        .collect();
+    if !running.is_empty() {
+        m.set("env/slot_acc_mean", mean(&running));
+    }
     m.set("env/step_acc", accuracy(&step_labels));
     for (name, d) in dim_names.iter().zip(mean_difficulty(slots)) {
         m.set(&format!("env/difficulty/{name}"), d);
@@ -374,12 +433,20 @@ pub fn step_metrics(
     m.set("env/proposals", counts.proposals as f64);
     m.set("env/accepted", counts.accepted as f64);
     m.set("env/rejected", counts.rejected as f64);
+    m.set("env/unchanged", counts.unchanged as f64);
     m.set("policy/kept_groups", batch.kept_groups as f64);
+    let used_tokens: usize = used
+        .iter()
+        .map(|&i| batch.trajs[i].generated_tokens())
+        .sum();
     m.set(
         "rollout/gen_tokens_mean",
-        batch.generated_tokens() as f64 / batch.trajs.len().max(1) as f64,
+        used_tokens as f64 / used.len().max(1) as f64,
     );
-    let rewards: Vec<f64> = batch.step_rewards.iter().flatten().copied().collect();
+    let rewards: Vec<f64> = used
+        .iter()
+        .flat_map(|&i| batch.step_rewards.get(i).into_iter().flatten().copied())
+        .collect();
     m.set("reward/step_mean", mean(&rewards));
     set_stats(m, "policy", batch.policy_stats.as_ref());
     if batch.policy_stats.is_some() {
@@ -401,6 +468,14 @@ pub fn step_metrics(
         m.set("judge/format_fail", share(0));
         m.set("judge/verdict_pos_rate", share(1));
         m.set("judge/train_samples", batch.judge_samples.len() as f64);
+        let q = crate::judge::quality(batch.judge_trained.iter().map(|&k| {
+            let j = &batch.judged[k];
+            (
+                batch.trajs[j.traj].steps[j.step].oracle,
+                j.verdicts.as_slice(),
+            )
+        }));
+        q.set(m, "judge/train");
         set_stats(m, "judge", batch.judge_stats.as_ref());
     }
 }
@@ -485,15 +560,15 @@ mod tests {
                 hi: 1.0,
             }]
         }
-        fn sample(&self, d: &[f64], _split: Split, rng: &mut Rng) -> Box<dyn Episode> {
+        fn sample(&self, d: &[f64], _split: Split, seed: u64) -> Box<dyn Episode> {
             Box::new(EchoEpisode {
                 d: d[0],
-                seed: rng.next_u64(),
+                seed,
                 done: false,
                 ok: false,
             })
         }
-        fn demonstration(&self, d: &[f64], _noise: f64, _rng: &mut Rng) -> (String, Vec<String>) {
+        fn demonstration(&self, d: &[f64], _noise: f64, _seed: u64) -> (String, Vec<String>) {
             (String::new(), vec![format!("{:.1}", d[0])])
         }
     }
@@ -511,7 +586,8 @@ mod tests {
                     text: String::new(),
                     oracle: outcome,
                     observation: String::new(),
-                    blame: blame.to_vec(),
+                    dims: blame.to_vec(),
+                    oracle_blame: blame.to_vec(),
                 })
                 .collect(),
             outcome,
@@ -551,11 +627,14 @@ mod tests {
             assert_eq!(prompts[3 * g], prompts[3 * g + 1], "one task per group");
             assert_eq!(prompts[3 * g], prompts[3 * g + 2]);
         }
-        assert_ne!(prompts[0], prompts[3], "each group its own task");
-        // The task seeds are the stream's next three draws.
+        // The task seeds are the stream's next draws, one per slot; the proposal is a rewrite
+        // of its slot's task: the same seed at the proposed difficulty.
         let mut again = Rng::new(7);
-        let first = Rng::new(again.next_u64()).next_u64();
-        assert!(prompts[0].ends_with(&format!(" {first}\n")));
+        let seeds = task_seeds(&mut again, 2);
+        assert_eq!(prompts[0], format!("0.2 {}\n", seeds[0]));
+        assert_eq!(prompts[3], format!("0.4 {}\n", seeds[1]));
+        assert_eq!(prompts[6], format!("0.5 {}\n", seeds[1]));
+        assert_eq!(rng, again, "one draw per slot, none for the rewrite");
     }
 
     #[test]
@@ -584,6 +663,7 @@ mod tests {
             &mut batch,
             &mut slots,
             (0.2, 0.8),
+            &GATE,
             &mut recorder,
             &mut counts,
         );
@@ -600,8 +680,16 @@ mod tests {
         assert_eq!(
             batch.slot_acc,
             vec![0.5, 1.0],
-            "an accepted task's accuracy is the slot's"
+            "an accepted rewrite starts the slot's history; a rejected one leaves it"
         );
+        assert_eq!(
+            (slots[0].recent.clone(), slots[1].recent.clone()),
+            (vec![(1, 2)], vec![(2, 2)])
+        );
+        // The gate compared each rewrite with the same step's original task.
+        let paired: Vec<(f64, Option<f64>)> =
+            batch.proposals.iter().map(|p| (p.acc, p.new_acc)).collect();
+        assert_eq!(paired, vec![(1.0, Some(0.5)), (1.0, Some(0.0))]);
         assert_eq!((counts.accepted, counts.rejected), (1, 1));
         // Every group was observed, at its own difficulty, with its group size.
         assert_eq!(
@@ -657,8 +745,26 @@ mod tests {
         }
     }
 
+    /// Running accuracy over 4 steps; one group of 2 is enough to propose.
+    const GATE: GateSpec = GateSpec {
+        window: 4,
+        min_rollouts: 2,
+    };
+
+    fn reward(lambda: f64, policy_band: (f64, f64)) -> crate::experiment::RewardSpec {
+        crate::experiment::RewardSpec {
+            lambda,
+            policy_band,
+            ..Default::default()
+        }
+    }
+
     /// Two groups of two one-step trajectories: group 0 mixed (acc 0.5), group 1 all solved.
     fn two_groups() -> StepBatch {
+        two_groups_and_slots().0
+    }
+
+    fn two_groups_and_slots() -> (StepBatch, Vec<AdaptSlot>) {
         let mut batch = StepBatch::new(1);
         batch.groups = vec![group(0, false, 0.2), group(1, false, 0.2)];
         batch.trajs = vec![
@@ -672,10 +778,11 @@ mod tests {
             &mut batch,
             &mut slots,
             (0.2, 0.8),
+            &GATE,
             &mut Recorder::default(),
             &mut AdaptCounts::default(),
         );
-        batch
+        (batch, slots)
     }
 
     #[test]
@@ -688,7 +795,7 @@ mod tests {
             vec![vec![]],
             vec![vec![]],
         ];
-        policy_samples(&mut batch, 1.0, (0.125, 0.875));
+        policy_samples(&mut batch, &reward(1.0, (0.125, 0.875)));
         // R = O + (λ/m)ΣS: 1 + 1 = 2; −1 − 1/3 = −4/3; group 1: O alone = 1, 1.
         assert_eq!(batch.step_rewards[0], vec![2.0]);
         assert!((batch.step_rewards[1][0] + 4.0 / 3.0).abs() < 1e-12);
@@ -705,7 +812,7 @@ mod tests {
         assert_eq!((units[0].0, units[0].1), (3, 5));
         assert!((units[0].2 - 1.0).abs() < 1e-12 && (units[1].2 + 1.0).abs() < 1e-12);
         // A wider band keeps group 1, whose equal rewards carry no signal (no unit).
-        policy_samples(&mut batch, 1.0, (0.0, 1.0));
+        policy_samples(&mut batch, &reward(1.0, (0.0, 1.0)));
         assert_eq!(batch.kept_groups, 2);
         assert!(batch.policy_samples[2..].iter().all(|s| s.units.is_empty()));
     }
@@ -735,7 +842,7 @@ mod tests {
                 verdicts: vec![1, 1, 1],
             },
         ];
-        policy_samples(&mut batch, 1.0, (0.0, 1.0));
+        policy_samples(&mut batch, &reward(1.0, (0.0, 1.0)));
         judge_samples(&mut batch, (0.2, 0.8));
         // Only traj 0's step (group 0, acc 0.5) is in the judge band; R = 1 + 1/3 = 4/3;
         // consistency rewards (4/3, 4/3, −4/3) → z-scores (1/√2, 1/√2, −√2).
@@ -757,26 +864,67 @@ mod tests {
     }
 
     #[test]
-    fn critic_feedback_and_proposals_from_used_groups() {
+    fn critic_feedback_from_the_judge_or_the_oracle() {
         let mut batch = two_groups();
+        // The judge flags the solved step of group 0 and passes the failed one.
         batch.verdicts = vec![
-            vec![vec![1, 1, 1]],
             vec![vec![-1, -1, -1]],
+            vec![vec![1, 1, 1]],
             vec![vec![]],
             vec![vec![]],
         ];
-        let fb = critic_feedback(&batch, 0, 1);
-        assert_eq!((fb.flagged_steps, fb.steps), (1, 2));
-        assert_eq!(fb.blame, vec![1.0]);
-        // Slot 1 is at acc 1.0: too easy, so Threshold proposes harder; slot 0 (0.5) does not.
-        let mut slots = vec![AdaptSlot::new(vec![0.2]), AdaptSlot::new(vec![0.2])];
+        // Judge: the flagged step exercises no dimension (its `dims` are empty).
+        let fb = critic_feedback(&batch, 0, 1, Critic::Judge);
+        assert_eq!(
+            (fb.flagged_steps, fb.steps, fb.blame.clone()),
+            (1, 2, vec![0.0])
+        );
+        // Oracle (upper bound): the failed step, blamed on dimension 0.
+        let fb = critic_feedback(&batch, 0, 1, Critic::Oracle);
+        assert_eq!(
+            (fb.flagged_steps, fb.steps, fb.blame.clone()),
+            (1, 2, vec![1.0])
+        );
+        // Slot 1 has no flagged step.
+        assert_eq!(
+            critic_feedback(&batch, 1, 1, Critic::Judge).flagged_steps,
+            0
+        );
+    }
+
+    #[test]
+    fn proposals_from_running_accuracy_and_only_when_the_rewrite_changes_the_task() {
+        let (mut batch, mut slots) = two_groups_and_slots();
+        batch.verdicts = vec![vec![vec![1]]; 4];
+        let seeds = [11, 12];
+        let phase = ProposalPhase {
+            env: &Echo,
+            next_seeds: &seeds,
+            dims: 1,
+            band: (0.2, 0.8),
+            gate: &GATE,
+            critic: Critic::Judge,
+        };
+        // Slot 1 is at 1.0: too easy. A move of 0.01 prints the same task ("0.2 12"): not made.
         let mut counts = AdaptCounts::default();
+        let mut small = Threshold { step: 0.01 };
         propose(
             &mut batch,
             &mut slots,
-            1,
-            (0.2, 0.8),
-            &mut Threshold { step: 0.25 },
+            &phase,
+            &mut small,
+            &mut Rng::new(1),
+            &mut counts,
+        );
+        assert!(slots.iter().all(|s| s.pending.is_none()));
+        assert_eq!((counts.proposals, counts.unchanged), (0, 1));
+        // A move of 0.25 changes it; slot 0 (0.5) does not propose.
+        let mut t = Threshold { step: 0.25 };
+        propose(
+            &mut batch,
+            &mut slots,
+            &phase,
+            &mut t,
             &mut Rng::new(1),
             &mut counts,
         );

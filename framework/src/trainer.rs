@@ -19,7 +19,7 @@
 //! (step 0) — or, on resume, everything is restored from the latest checkpoint. The pure
 //! phases live in [`crate::step`]; the ones that run a model are methods of [`Run`] here.
 
-use crate::adapt::{AdaptCounts, AdaptSlot, Proposer};
+use crate::adapt::{AdaptCounts, AdaptSlot, Critic, GateSpec, Proposer};
 use crate::checkpoint::{self, CheckpointError};
 use crate::env::{Difficulty, Environment, Split};
 use crate::eval::{EvalSpec, evaluate};
@@ -196,8 +196,12 @@ struct Settings {
     ppo: PpoSpec,
     budget: Budget,
     kernels: KernelChoice,
-    /// The environment plugin's starting difficulty (also the in-domain eval difficulty).
+    /// The environment plugin's starting difficulty of every task slot.
     start: Difficulty,
+    /// When a slot may propose.
+    gate: GateSpec,
+    /// Where the critic feedback comes from.
+    critic: Critic,
     /// `(α_low, α_high)` of the adaptation rule.
     band: (f64, f64),
     /// Whether difficulty adapts at all (`Static` does not).
@@ -243,6 +247,8 @@ impl Settings {
             budget: exp.budget.clone(),
             kernels: exp.kernels.choice(),
             start: exp.environment.plugin().start_difficulty(),
+            gate: exp.gate.clone(),
+            critic: exp.critic,
             band: proposer.map_or((0.2, 0.8), |p| p.band()),
             adaptive: proposer.is_some(),
         }
@@ -316,8 +322,12 @@ struct Run<'a, B: AutodiffLogProbOps, M: AutodiffModule<B>> {
     policy_optim: Optim<B, M>,
     judge: Option<M>,
     judge_optim: Optim<B, M>,
-    /// The frozen KL target (`KlTarget::Reference`).
+    /// The policy's frozen KL target (`KlTarget::Reference`).
     reference: Option<M::InnerModule>,
+    /// The judge's frozen KL target (`KlTarget::Reference` with a learned judge).
+    judge_reference: Option<M::InnerModule>,
+    /// The fixed, balanced pool of labelled steps the judge is measured on.
+    judge_pool: Vec<(Vec<u32>, bool)>,
     /// The pre-update policy of the current step (rollouts and PPO's old log-probs).
     old_policy: Option<M::InnerModule>,
     state: TrainerState,
@@ -374,6 +384,8 @@ where
             judge: None,
             judge_optim: adamw.init::<B, M>(),
             reference: None,
+            judge_reference: None,
+            judge_pool: Vec::new(),
             old_policy: None,
             state,
             params,
@@ -439,8 +451,12 @@ where
             run.summary.warm_cached += usize::from(hit);
             run.judge = Some(judge);
         }
-        run.reference =
-            matches!(run.cfg.ppo.kl.target, KlTarget::Reference).then(|| run.policy.valid());
+        let frozen_target = matches!(run.cfg.ppo.kl.target, KlTarget::Reference);
+        run.reference = frozen_target.then(|| run.policy.valid());
+        if frozen_target && run.cfg.judge.trained() {
+            run.judge_reference = run.judge.as_ref().map(|j| j.valid());
+        }
+        run.judge_pool = run.make_judge_pool();
         let (id, ood) = run.evaluate(&mut m, 0)?;
         run.set_compute(&mut m);
         run.summary.acc_id_start = Some(id);
@@ -542,8 +558,12 @@ where
         run.policy_optim = ckpt.optim("policy_optim", run.policy_optim, device)?;
         if let Some(j) = fresh_judge {
             run.judge_optim = ckpt.optim("judge_optim", run.judge_optim, device)?;
+            if matches!(run.cfg.ppo.kl.target, KlTarget::Reference) && run.cfg.judge.trained() {
+                run.judge_reference = Some(ckpt.module("judge_reference", j.valid(), device)?);
+            }
             run.judge = Some(ckpt.module("judge", j, device)?);
         }
+        run.judge_pool = run.make_judge_pool();
         run.state = ckpt.state()?;
         run.proposer.load_state(run.state.proposer.clone())?;
         run.dir.truncate_after(run.state.step)?;
@@ -589,6 +609,7 @@ where
             batch,
             &mut self.state.slots,
             self.cfg.band,
+            &self.cfg.gate,
             self.proposer.as_mut(),
             &mut self.state.counts,
         );
@@ -623,7 +644,7 @@ where
     /// Phase 5: the policy's advantages and (when the judge learns) the judge's samples.
     fn rewards_and_advantages(&self, batch: &mut StepBatch) {
         let rw = &self.cfg.reward;
-        step::policy_samples(batch, rw.lambda, rw.policy_band);
+        step::policy_samples(batch, rw);
         if self.cfg.judge.trained() {
             step::judge_samples(batch, rw.judge_band);
         }
@@ -687,11 +708,12 @@ where
             minibatches: self.cfg.ppo.judge_updates,
             ..self.update_params()
         };
+        let target = self.judge_reference.as_ref().unwrap_or(&old);
         let (judge, stats) = ppo_update(
             judge,
             &mut self.judge_optim,
             &old,
-            &old,
+            target,
             &batch.judge_samples,
             &params,
             &mut self.state.judge_mb_rng,
@@ -710,11 +732,22 @@ where
     fn proposals(&mut self, batch: &mut StepBatch) {
         let t = Instant::now();
         if self.cfg.adaptive {
+            // The seeds the slots' tasks will have at the next step (a rewrite must change
+            // the task it will be tried on).
+            let mut next = self.state.task_rng.clone();
+            let next_seeds = step::task_seeds(&mut next, self.state.slots.len());
+            let phase = step::ProposalPhase {
+                env: self.env,
+                next_seeds: &next_seeds,
+                dims: self.dims.len(),
+                band: self.cfg.band,
+                gate: &self.cfg.gate,
+                critic: self.cfg.critic,
+            };
             step::propose(
                 batch,
                 &mut self.state.slots,
-                self.dims.len(),
-                self.cfg.band,
+                &phase,
                 self.proposer.as_mut(),
                 &mut self.state.adapt_rng,
                 &mut self.state.counts,
@@ -804,21 +837,42 @@ where
         if let Some(r) = &self.reference {
             w.module::<B::InnerBackend, M::InnerModule>("reference", r)?;
         }
+        if let Some(r) = &self.judge_reference {
+            w.module::<B::InnerBackend, M::InnerModule>("judge_reference", r)?;
+        }
         w.state(&self.state)?;
         w.commit(2)
     }
 
-    /// Greedy evaluation on both splits into `m` (and the judge's quality on the in-domain
-    /// trajectories); also writes a few decoded samples and the proposer's posterior.
+    /// The judge's fixed evaluation pool (empty without a judge).
+    fn make_judge_pool(&self) -> Vec<(Vec<u32>, bool)> {
+        match &self.judge {
+            Some(j) => judge::labelled_pool(
+                self.env,
+                self.tok,
+                j.max_seq_len(),
+                JUDGE_POOL,
+                JUDGE_POOL_NOISE,
+                self.seed,
+            ),
+            None => Vec::new(),
+        }
+    }
+
+    /// Greedy evaluation on both splits into `m` (with the accuracy at each level of the
+    /// eval grid), and the judge's quality on its fixed pool; also writes a few decoded
+    /// samples and the proposer's posterior.
     fn evaluate(&self, m: &mut Metrics, step: usize) -> Result<(f64, f64), TrainError> {
         let (b, seed) = (&self.cfg.budget, self.seed);
         let mst = self.cfg.sampling.max_step_tokens;
         let policy = self.policy.valid();
+        let levels = self.env.eval_levels();
         let mut pb = progress::bar(3, "eval", self.opts.progress);
         let run_split = |split| {
             let spec = EvalSpec {
                 split,
-                difficulty: &self.cfg.start,
+                levels: &levels,
+                dims: self.dims.len(),
                 tasks: b.eval_tasks,
                 seed,
                 max_step_tokens: mst,
@@ -834,26 +888,36 @@ where
         m.set("eval/acc_ood", ood.accuracy);
         m.set("eval/step_acc_id", id.step_accuracy);
         m.set("eval/step_acc_ood", ood.step_accuracy);
+        for (level, acc) in &id.by_level {
+            m.set(&format!("eval/acc_grid/{level:.2}"), *acc);
+        }
         let mut judged_id = Vec::new();
         if let (Some(j), Some(spec)) = (&self.judge, self.cfg.judge.model()) {
             // A stream per evaluation step: evaluations never disturb the training streams.
             let mut rng = Rng::derive(seed ^ step as u64, "judge-eval");
-            judged_id = judge::judge_steps(
-                &j.valid(),
+            let judge = j.valid();
+            let votes = self.cfg.reward.votes;
+            let pool = judge::judge_prompts(
+                &judge,
                 self.tok,
-                &id.trajectories,
-                self.cfg.reward.votes,
+                &self.judge_pool,
+                votes,
                 spec.temperature,
                 &mut rng,
             );
-            let q = judge::quality(&judged_id, &id.trajectories);
-            m.set("judge/process_acc", q.process_acc);
-            m.set("judge/process_acc_pos", q.process_acc_pos);
-            m.set("judge/process_acc_neg", q.process_acc_neg);
-            m.set("judge/outcome_acc", q.outcome_acc);
+            let q = judge::quality(
+                pool.iter()
+                    .map(|js| (self.judge_pool[js.traj].1, js.verdicts.as_slice())),
+            );
+            q.set(m, "judge/eval");
+            // Verdicts on the two in-domain samples written below.
+            let shown: Vec<_> = id.trajectories.iter().take(2).cloned().collect();
+            judged_id =
+                judge::judge_steps(&judge, self.tok, &shown, votes, spec.temperature, &mut rng);
         }
         pb.finish_and_clear();
-        let verdicts = judge::by_trajectory(&judged_id, &id.trajectories);
+        let shown: Vec<_> = id.trajectories.iter().take(2).cloned().collect();
+        let verdicts = judge::by_trajectory(&judged_id, &shown);
         for (split, r) in [("id", &id), ("ood", &ood)] {
             for (ti, t) in r.trajectories.iter().enumerate().take(2) {
                 let steps: Vec<serde_json::Value> = t
@@ -866,7 +930,7 @@ where
                         } else {
                             Vec::new()
                         };
-                        serde_json::json!({"text": s.text, "oracle": s.oracle, "verdicts": v})
+                        serde_json::json!({"text": s.text, "oracle": s.oracle, "observation": s.observation, "verdicts": v})
                     })
                     .collect();
                 self.dir.sample(&serde_json::json!({
@@ -897,6 +961,11 @@ where
         Ok(())
     }
 }
+
+/// Labelled steps in the judge's evaluation pool (half correct, half wrong).
+const JUDGE_POOL: usize = 256;
+/// The flawed expert's noise for the judge's pool (both labels must occur).
+const JUDGE_POOL_NOISE: f64 = 0.5;
 
 /// The `warm/*` metrics of one warm start.
 type WarmMetrics = BTreeMap<String, f64>;
@@ -966,8 +1035,8 @@ fn plain_line(m: &Metrics, steps: usize) -> String {
     }
     if m.get("eval/acc_id").is_some() {
         line += &format!(" | eval id {} ood {}", g("eval/acc_id"), g("eval/acc_ood"));
-        if m.get("judge/process_acc").is_some() {
-            line += &format!(" judge {}", g("judge/process_acc"));
+        if m.get("judge/eval_bal_acc").is_some() {
+            line += &format!(" judge bal {}", g("judge/eval_bal_acc"));
         }
     }
     line + &format!(" | {}s", g("perf/step_s"))

@@ -5,7 +5,7 @@
 //! cross-entropy over the demonstrated step tokens (the prompt is context, not target).
 
 use crate::batch::{host_tensor, sequence_logprobs, token_batch};
-use crate::env::Environment;
+use crate::env::{Environment, Split};
 use crate::experiment::WarmStart;
 use crate::lm::{CausalLm, Tokenizer};
 use crate::ppo::NonFinite;
@@ -17,15 +17,35 @@ use burn::optim::AdamWConfig;
 use burn::prelude::*;
 use rlany_kernels::{AutodiffLogProbOps, KernelChoice};
 
-/// A demonstration as tokens, with a 0/1 target mask in the batch's `[row, j]` layout.
-fn demo_tokens(tok: &dyn Tokenizer, prompt: &str, steps: &[String]) -> (Vec<u32>, Vec<bool>) {
+/// A demonstration as tokens (prompt, then each step and the observation that followed it),
+/// with a 0/1 target mask (only the steps are targets).
+fn demo_tokens(
+    tok: &dyn Tokenizer,
+    env: &dyn Environment,
+    d: &[f64],
+    noise: f64,
+    seed: u64,
+) -> (Vec<u32>, Vec<bool>) {
+    let (prompt, steps) = env.demonstration(d, noise, seed);
+    // Replayed in the task it solves, so the sequence holds the environment's observations
+    // exactly where a rollout puts them (not trained on).
+    let mut episode = env.sample(d, Split::Train, seed);
     let mut ids = vec![tok.bos()];
-    ids.extend(tok.encode(prompt));
+    ids.extend(tok.encode(&prompt));
     let mut trained = vec![false; ids.len()];
-    for s in steps {
+    for s in &steps {
         for t in tok.encode(s).into_iter().chain([tok.step_delimiter()]) {
             ids.push(t);
             trained.push(true);
+        }
+        let observation = episode.step(s).observation;
+        if !observation.is_empty() {
+            let mut obs = tok.encode(&observation);
+            if !observation.ends_with('\n') {
+                obs.push(tok.step_delimiter());
+            }
+            trained.extend(std::iter::repeat_n(false, obs.len()));
+            ids.extend(obs);
         }
     }
     (ids, trained)
@@ -69,8 +89,7 @@ where
         (0..spec.batch)
             .map(|_| {
                 let d: Vec<f64> = (0..dims).map(|_| rng.uniform()).collect();
-                let (prompt, steps) = env.demonstration(&d, spec.noise, rng);
-                demo_tokens(tok, &prompt, &steps)
+                demo_tokens(tok, env, &d, spec.noise, rng.next_u64())
             })
             .collect()
     })
