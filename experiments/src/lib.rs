@@ -5,6 +5,7 @@
 //! proposer it names, picks the backend, and hands them to the framework's closed loop.
 
 mod bench;
+mod envcmd;
 pub mod overrides;
 pub mod plugins;
 pub mod suite;
@@ -95,6 +96,9 @@ enum Command {
         /// Do not share warm starts (every run computes its own).
         #[arg(long)]
         no_warm_cache: bool,
+        /// Seeds run at once, one thread each (results do not depend on it).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
+        jobs: u64,
     },
     /// Benchmark workloads of kernels/BENCH.md (`--kernels`: the fused log-prob / KL kernels).
     Bench {
@@ -114,6 +118,12 @@ enum Command {
         /// `rlany bench --json` files (any backend, or the PyTorch anchor's) to compare.
         #[arg(long, value_name = "FILE")]
         bench: Vec<PathBuf>,
+    },
+    /// Show an environment: a sampled task, the expert's trajectory with observations and
+    /// oracle labels, and the difficulty dimensions — exactly what the agent sees.
+    Env {
+        #[command(flatten)]
+        args: envcmd::EnvArgs,
     },
     /// Validate experiment files without running them; print the resolved experiment.
     Check {
@@ -166,6 +176,7 @@ pub struct UsageError(pub String);
 fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Bench { args } => bench::run(args),
+        Command::Env { args } => envcmd::run(&args),
         Command::Report { paths, out, bench } => {
             let out = match (out, paths.first(), bench.first()) {
                 (Some(o), _, _) => o,
@@ -258,6 +269,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             runs_dir,
             no_progress,
             no_warm_cache,
+            jobs,
         } => {
             let seeds = match (seeds, seed_list.is_empty()) {
                 (Some(n), _) => Some((1..=n).collect()),
@@ -273,6 +285,7 @@ fn dispatch(cli: Cli) -> Result<()> {
                 runs_dir,
                 progress: !no_progress,
                 warm_cache: !no_warm_cache,
+                jobs: jobs as usize,
             })
         }
     }

@@ -19,6 +19,9 @@ macro_rules! plugins {
             $( $(#[$em])* $env($env_ty), )+
         }
 
+        /// The names of the environment plugins, as experiment files spell them.
+        pub const ENVIRONMENTS: &[&str] = &[ $( stringify!($env), )+ ];
+
         impl EnvironmentChoice for EnvironmentSpec {
             fn plugin(&self) -> &dyn EnvironmentPlugin {
                 match self {

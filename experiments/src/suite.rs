@@ -9,6 +9,9 @@
 //!   interrupted run resumes from its latest checkpoint (writing exactly what an uninterrupted
 //!   run writes), and a run killed before its first checkpoint (during its warm start) is
 //!   removed and started again.
+//! - `--jobs N` runs N seeds at once (one thread each; a seed's rows stay in order in its
+//!   thread, so its warm starts are computed once and shared by its later rows). Every run is
+//!   a function of its seed and settings alone: the metrics do not depend on N.
 //! - One progress display over the whole suite, one summary line per finished run.
 
 use crate::{
@@ -38,6 +41,8 @@ pub struct SuiteOptions {
     pub progress: bool,
     /// Share warm starts.
     pub warm_cache: bool,
+    /// Seeds run at once (threads).
+    pub jobs: usize,
 }
 
 /// One row of the suite: its file and its experiment (overrides applied).
@@ -164,20 +169,23 @@ pub fn ablate(o: &SuiteOptions) -> Result<()> {
         Ok(b) => b.println(line),
         Err(_) => println!("{line}"),
     };
+    let workers = o.jobs.clamp(1, seeds.len().max(1));
     say(&format!(
-        "suite {suite_name}: {} rows × {} seeds = {} runs into {}",
+        "suite {suite_name}: {} rows × {} seeds = {} runs into {} ({workers} at a time)",
         rows.len(),
         seeds.len(),
         jobs.len(),
         out.display()
     ));
-    let mut done_units = 0u64;
-    for (k, (seed, row)) in jobs.iter().enumerate() {
+    let run_job = |k: usize, seed: u64, row: &Row| -> Result<()> {
         let exp = &row.exp;
         let dir = out.join(&exp.name).join(format!("seed-{seed}"));
         let state = run_state(&dir, exp.budget.steps);
-        let base = done_units;
-        done_units += exp.budget.steps as u64 + 1;
+        let before = match state {
+            RunState::Finished => exp.budget.steps as u64 + 1,
+            RunState::Interrupted(step) => step as u64 + 1,
+            RunState::Fresh | RunState::Stale => 0,
+        };
         if let Ok(mut b) = bar.lock() {
             b.set_message(format!(
                 "[{}/{}] {} seed {seed}",
@@ -185,14 +193,14 @@ pub fn ablate(o: &SuiteOptions) -> Result<()> {
                 jobs.len(),
                 exp.name
             ));
-            b.set_position(base);
+            b.inc(before);
         }
         if state == RunState::Finished {
             say(&format!(
                 "{} seed {seed}: finished earlier, skipped",
                 exp.name
             ));
-            continue;
+            return Ok(());
         }
         if let RunState::Interrupted(step) = state {
             say(&format!(
@@ -209,9 +217,9 @@ pub fn ablate(o: &SuiteOptions) -> Result<()> {
         }
         let observer = {
             let bar = Arc::clone(&bar);
-            StepObserver(Arc::new(move |step, _| {
+            StepObserver(Arc::new(move |_, _| {
                 if let Ok(mut b) = bar.lock() {
-                    b.set_position(base + step as u64 + 1);
+                    b.inc(1);
                 }
             }))
         };
@@ -221,26 +229,51 @@ pub fn ablate(o: &SuiteOptions) -> Result<()> {
             stop_after: None,
             progress: false,
             log_lines: !o.progress,
-            meta: meta_json(exp, *seed, &row.file),
+            meta: meta_json(exp, seed, &row.file),
             warm_cache: o.warm_cache.then(|| cache.clone()),
             checkpoint: None,
             observer: Some(observer),
         };
         let started = std::time::Instant::now();
         let summary =
-            run_seed(exp, *seed, &opts).with_context(|| format!("run {}", dir.display()))?;
-        if let Ok(b) = bar.lock() {
-            b.println(&crate::summary_line(
-                exp,
-                *seed,
-                &dir,
-                &summary,
-                started.elapsed().as_secs_f64(),
-            ));
-        } else {
-            print_summary(exp, *seed, &dir, &summary, started.elapsed().as_secs_f64());
+            run_seed(exp, seed, &opts).with_context(|| format!("run {}", dir.display()))?;
+        let line = crate::summary_line(exp, seed, &dir, &summary, started.elapsed().as_secs_f64());
+        match bar.lock() {
+            Ok(b) => b.println(&line),
+            Err(_) => print_summary(exp, seed, &dir, &summary, started.elapsed().as_secs_f64()),
         }
-    }
+        Ok(())
+    };
+    // Seed i goes to worker i mod N; each worker runs its seeds' rows in order.
+    let results: Vec<Result<()>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                let mine: Vec<(usize, u64, &Row)> = jobs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (seed, _))| {
+                        seeds.iter().position(|s| s == seed).unwrap_or(0) % workers == w
+                    })
+                    .map(|(k, (seed, row))| (k, *seed, *row))
+                    .collect();
+                let run_job = &run_job;
+                scope.spawn(move || -> Result<()> {
+                    for (k, seed, row) in mine {
+                        run_job(k, seed, row)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a suite worker panicked")))
+            })
+            .collect()
+    });
+    results.into_iter().collect::<Result<Vec<()>>>()?;
     if let Ok(b) = bar.lock() {
         b.finish_and_clear();
     }

@@ -38,7 +38,8 @@ fn tiny_full() -> String {
             "judge: Learned(model: Scratch(d_model: 32, layers: 1, heads: 2, kv_heads: 1, ffn: 64, max_seq_len: 64),\n\
              warm_start: (labels: 60, label_noise: 0.25, steps: 20, batch: 16, lr: 1e-2), lr: 1e-3),\n\
              reward: (policy_band: (0.1, 0.9), judge_band: (0.0, 1.0)),\n\
-             adaptation: Gp(target: 0.5, band: (0.3, 0.7), candidates: 64),",
+             adaptation: Gp(target: 0.5, band: (0.3, 0.7), candidates: 64),\n\
+             gate: (window: 4, min_rollouts: 6),",
         )
 }
 
@@ -217,8 +218,8 @@ fn resume_is_exact_with_a_learned_judge_and_the_gp_proposer() {
         "judge/loss",
         "judge/format_fail",
         "judge/verdict_pos_rate",
-        "judge/process_acc",
-        "judge/outcome_acc",
+        "judge/eval_bal_acc",
+        "judge/train_pos_acc",
         "env/proposals",
         "reward/step_mean",
     ] {
@@ -244,6 +245,7 @@ fn resume_is_exact_with_a_learned_judge_and_the_gp_proposer() {
         "judge.mpk",
         "judge_optim.mpk",
         "reference.mpk",
+        "judge_reference.mpk",
         "state.json",
     ] {
         assert!(
@@ -280,6 +282,7 @@ fn every_ablation_row_runs_with_a_tiny_budget() {
         exp.budget.group_size = 4;
         exp.budget.eval_tasks = 3;
         exp.budget.eval_every = 1;
+        exp.gate.min_rollouts = 4;
         if let rlany_framework::experiment::JudgeSpec::Frozen(j)
         | rlany_framework::experiment::JudgeSpec::Learned(j) = &mut exp.judge
         {
@@ -314,7 +317,7 @@ fn every_ablation_row_runs_with_a_tiny_budget() {
         let judged_every_step = m[1..]
             .iter()
             .all(|l| l.get("judge/verdict_pos_rate").is_some());
-        let judge_evaluated_last = m.last().and_then(|l| l.get("judge/process_acc")).is_some();
+        let judge_evaluated_last = m.last().and_then(|l| l.get("judge/eval_pos_acc")).is_some();
         assert_eq!(judged_every_step, row >= 1, "row {row}: judge verdicts");
         assert_eq!(judge_evaluated_last, row >= 1, "row {row}: judge quality");
     }
@@ -730,9 +733,9 @@ fn an_interrupted_suite_finishes_with_the_metrics_of_an_uninterrupted_one() {
         args.extend_from_slice(extra);
         rlany(&args)
     };
-    // Uninterrupted.
+    // Uninterrupted, two seeds at once (the interrupted one below runs them one by one).
     let clean = dir.join("clean");
-    assert_eq!(ablate(&clean, &[]), 0);
+    assert_eq!(ablate(&clean, &["--jobs", "2"]), 0);
     // Interrupted: seed 1 of r0 stopped after step 1 (resumable), seed 2 of r0 killed during
     // its warm start (a run directory without a checkpoint).
     let broken = dir.join("broken");
@@ -763,7 +766,7 @@ fn an_interrupted_suite_finishes_with_the_metrics_of_an_uninterrupted_one() {
             let a = lines(&clean.join("mini").join(run), file);
             let b = lines(&broken.join("mini").join(run), file);
             assert!(!a.is_empty(), "{run}/{file} is empty");
-            assert_eq!(a, b, "{run}/{file}");
+            assert_eq!(a, b, "{run}/{file} (--jobs 2 vs 1, interrupted)");
         }
     }
     // A finished suite is skipped as a whole; its report is there with its figures.
@@ -865,4 +868,21 @@ fn check_counts_the_invalid_files() {
     assert!(msg.starts_with("1 of 2 files invalid"), "{msg}");
     assert!(msg.ends_with("bad.ron"), "{msg}");
     let _ = fs::remove_dir_all(dir);
+}
+
+#[test]
+fn env_shows_a_task_and_refuses_bad_input() {
+    assert_eq!(rlany(&["env", "arith", "--seed", "3"]), 0);
+    assert_eq!(
+        rlany(&["env", "Arith", "--difficulty", "1,0.5,0", "--noise", "0.6"]),
+        0
+    );
+    assert_eq!(rlany(&["env", "arith", "--split", "ood"]), 0);
+    let quickstart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments/quickstart.ron");
+    assert_eq!(rlany(&["env", &quickstart.to_string_lossy()]), 0);
+    // Unknown environment, a difficulty out of range or of the wrong length, an unknown split.
+    assert_eq!(rlany(&["env", "nope"]), 2);
+    assert_eq!(rlany(&["env", "arith", "--difficulty", "2,0,0"]), 2);
+    assert_eq!(rlany(&["env", "arith", "--difficulty", "0.5"]), 2);
+    assert_eq!(rlany(&["env", "arith", "--split", "test"]), 2);
 }

@@ -1,0 +1,134 @@
+//! `rlany env`: shows exactly what the agent sees — a sampled task, the expert's trajectory
+//! with the environment's observations and oracle labels, and the difficulty dimensions.
+
+use crate::plugins::{ENVIRONMENTS, EnvironmentSpec};
+use crate::{Experiment, UsageError};
+use anyhow::Result;
+use rlany_framework::Split;
+use rlany_framework::plugin::EnvironmentChoice;
+use std::path::Path;
+
+/// The options of `rlany env`.
+#[derive(clap::Args, Debug)]
+pub struct EnvArgs {
+    /// An environment plugin (e.g. `arith`, default settings) or an experiment file (.ron,
+    /// its environment settings).
+    pub name: String,
+    /// The difficulty, one value in [0, 1] per dimension, comma-separated (default: the
+    /// settings' starting difficulty).
+    #[arg(long, value_delimiter = ',', allow_hyphen_values = true)]
+    pub difficulty: Vec<f64>,
+    /// The task's seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// train, eval or ood.
+    #[arg(long, default_value = "train")]
+    pub split: String,
+    /// The expert's slip probability (0: the expert; the warm start uses the experiment's
+    /// `policy.warm_start.noise`).
+    #[arg(long, default_value_t = 0.0)]
+    pub noise: f64,
+}
+
+/// The environment settings `name` stands for.
+fn settings(name: &str) -> Result<EnvironmentSpec> {
+    if name.ends_with(".ron") {
+        return Ok(Experiment::load(Path::new(name))?.environment);
+    }
+    let known = ENVIRONMENTS
+        .iter()
+        .find(|e| e.eq_ignore_ascii_case(name))
+        .ok_or_else(|| {
+            let names: Vec<String> = ENVIRONMENTS.iter().map(|e| e.to_lowercase()).collect();
+            UsageError(format!(
+                "unknown environment `{name}`: expected one of {} or an experiment file (.ron)",
+                names.join(", ")
+            ))
+        })?;
+    ron::Options::default()
+        .with_default_extension(ron::extensions::Extensions::UNWRAP_VARIANT_NEWTYPES)
+        .from_str(&format!("{known}()"))
+        .map_err(|e| UsageError(format!("default settings of `{known}`: {e}")).into())
+}
+
+/// `rlany env`.
+pub fn run(args: &EnvArgs) -> Result<()> {
+    let spec = settings(&args.name)?;
+    spec.plugin()
+        .validate()
+        .map_err(|e| UsageError(format!("environment.{}: {}", e.field, e.message)))?;
+    let env = spec.plugin().build();
+    let dims = env.difficulty_space();
+    let d = if args.difficulty.is_empty() {
+        spec.plugin().start_difficulty()
+    } else {
+        args.difficulty.clone()
+    };
+    if d.len() != dims.len() || d.iter().any(|x| !(0.0..=1.0).contains(x)) {
+        return Err(UsageError(format!(
+            "--difficulty needs {} values in [0, 1] ({}), got {:?}",
+            dims.len(),
+            dims.iter()
+                .map(|x| x.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            d
+        ))
+        .into());
+    }
+    let split = match args.split.to_ascii_lowercase().as_str() {
+        "train" => Split::Train,
+        "eval" => Split::Eval,
+        "ood" => Split::Ood,
+        other => {
+            return Err(UsageError(format!(
+                "unknown split `{other}`: expected train, eval or ood"
+            ))
+            .into());
+        }
+    };
+    println!("difficulty dimensions (0 → 1):");
+    for (x, dim) in d.iter().zip(&dims) {
+        println!(
+            "  {:<12} {:>5.2}   ({} at 0, {} at 1)",
+            dim.name, x, dim.lo, dim.hi
+        );
+    }
+    println!("in-domain eval grid levels: {:?}", env.eval_levels());
+    let mut ep = env.sample(&d, split, args.seed);
+    println!("\nsplit {split:?}, seed {} — the prompt:", args.seed);
+    print!("{}", ep.prompt());
+    if split != Split::Train {
+        println!("\n(expert trajectories are shown for the training split: --split train)");
+        return Ok(());
+    }
+    let (_, lines) = env.demonstration(&d, args.noise, args.seed);
+    println!(
+        "\nthe expert's trajectory (slip probability {}): step | action | observation | oracle | dims exercised",
+        args.noise
+    );
+    for (i, line) in lines.iter().enumerate() {
+        if ep.done() {
+            break;
+        }
+        let result = ep.step(line);
+        let names: Vec<&str> = ep
+            .step_dims(i)
+            .iter()
+            .filter_map(|&j| dims.get(j).map(|x| x.name.as_str()))
+            .collect();
+        println!(
+            "{:>4} | {:<24} | {:<10} | {} | {}",
+            i + 1,
+            line,
+            result.observation.trim_end(),
+            if ep.oracle_label(i) { "right" } else { "wrong" },
+            names.join(",")
+        );
+    }
+    println!(
+        "\noutcome: {}",
+        if ep.outcome() { "solved" } else { "failed" }
+    );
+    Ok(())
+}
