@@ -768,33 +768,26 @@ impl Gp {
         {
             return None;
         }
-        let owned;
-        let fitted: &Fitted = match &self.model {
-            Some(m) if m.k == k => m,
-            _ => {
-                owned = self.model_for_report(k)?;
-                &owned
-            }
-        };
         let x = self.inputs(difficulties, step);
-        let latent = self.latent(fitted, &x);
-        latent
-            .into_iter()
-            .map(|(mu, sd)| {
-                if !mu.is_finite() || !sd.is_finite() {
-                    return None;
-                }
-                let group_sd = fitted.group_sd(sigmoid(mu));
-                let total_sd = (sd * sd + group_sd * group_sd).sqrt();
-                Some(GroupPredictive {
-                    group_size,
-                    logit_mean: mu,
-                    logit_sd: sd,
-                    group_sd,
-                    pmf: group_pmf(mu, total_sd, group_size),
+        self.with_model(k, |fitted| {
+            self.latent(fitted, &x)
+                .into_iter()
+                .map(|(mu, sd)| {
+                    if !mu.is_finite() || !sd.is_finite() {
+                        return None;
+                    }
+                    let group_sd = fitted.group_sd(sigmoid(mu));
+                    let total_sd = (sd * sd + group_sd * group_sd).sqrt();
+                    Some(GroupPredictive {
+                        group_size,
+                        logit_mean: mu,
+                        logit_sd: sd,
+                        group_sd,
+                        pmf: group_pmf(mu, total_sd, group_size),
+                    })
                 })
-            })
-            .collect()
+                .collect()
+        })
     }
 
     fn time_input(&self, step: usize) -> f64 {
@@ -1223,6 +1216,15 @@ impl Gp {
         }
     }
 
+    /// `f` on the model for `k` dimensions: the cached one when it matches, else one built
+    /// for the occasion ([`Self::model_for_report`]); the cache is left alone.
+    fn with_model<R>(&self, k: usize, f: impl FnOnce(&Fitted) -> Option<R>) -> Option<R> {
+        match &self.model {
+            Some(m) if m.k == k => f(m),
+            _ => f(&self.model_for_report(k)?),
+        }
+    }
+
     /// The number of difficulty dimensions of the stored observations (of the newest one).
     fn dims(&self) -> Option<usize> {
         self.observations.last().map(|o| o.difficulty.len())
@@ -1597,14 +1599,6 @@ impl Proposer for Gp {
         if self.dims() != Some(k) {
             return None;
         }
-        let owned;
-        let fitted: &Fitted = match &self.model {
-            Some(m) if m.k == k => m,
-            _ => {
-                owned = self.model_for_report(k)?;
-                &owned
-            }
-        };
         let grid: Vec<f64> = if points == 1 {
             vec![0.5]
         } else {
@@ -1612,27 +1606,30 @@ impl Proposer for Gp {
                 .map(|i| i as f64 / (points - 1) as f64)
                 .collect()
         };
-        let mut dims = Vec::with_capacity(k);
-        for dim in 0..k {
-            let rows: Vec<Vec<f64>> = grid
-                .iter()
-                .map(|g| {
-                    let mut d = center.clone();
-                    d[dim] = *g;
-                    d
-                })
-                .collect();
-            let preds = self.predict(fitted, &self.inputs(&rows, step));
-            if preds.iter().any(|(p, s)| !p.is_finite() || !s.is_finite()) {
-                return None;
+        let dims = self.with_model(k, |fitted| {
+            let mut dims = Vec::with_capacity(k);
+            for dim in 0..k {
+                let rows: Vec<Vec<f64>> = grid
+                    .iter()
+                    .map(|g| {
+                        let mut d = center.clone();
+                        d[dim] = *g;
+                        d
+                    })
+                    .collect();
+                let preds = self.predict(fitted, &self.inputs(&rows, step));
+                if preds.iter().any(|(p, s)| !p.is_finite() || !s.is_finite()) {
+                    return None;
+                }
+                dims.push(PosteriorSlice {
+                    dim,
+                    grid: grid.clone(),
+                    mean_acc: preds.iter().map(|p| p.0).collect(),
+                    sd_acc: preds.iter().map(|p| p.1).collect(),
+                });
             }
-            dims.push(PosteriorSlice {
-                dim,
-                grid: grid.clone(),
-                mean_acc: preds.iter().map(|p| p.0).collect(),
-                sd_acc: preds.iter().map(|p| p.1).collect(),
-            });
-        }
+            Some(dims)
+        })?;
         Some(Posterior {
             step,
             dims,
