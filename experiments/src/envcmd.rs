@@ -6,6 +6,7 @@ use crate::{Experiment, UsageError};
 use anyhow::Result;
 use rlany_framework::Split;
 use rlany_framework::plugin::EnvironmentChoice;
+use rlany_framework::rollout::replay_demonstration;
 use std::path::Path;
 
 /// The options of `rlany env`.
@@ -95,40 +96,36 @@ pub fn run(args: &EnvArgs) -> Result<()> {
         );
     }
     println!("in-domain eval grid levels: {:?}", env.eval_levels());
-    let mut ep = env.sample(&d, split, args.seed);
+    let ep = env.sample(&d, split, args.seed);
     println!("\nsplit {split:?}, seed {} — the prompt:", args.seed);
     print!("{}", ep.prompt());
     if split != Split::Train {
         println!("\n(expert trajectories are shown for the training split: --split train)");
         return Ok(());
     }
-    let (_, lines) = env.demonstration(&d, args.noise, args.seed);
+    let demo = replay_demonstration(env.as_ref(), &d, args.noise, args.seed);
     println!(
         "\nthe expert's trajectory (slip probability {}): step | action | observation | oracle | dims exercised",
         args.noise
     );
-    for (i, line) in lines.iter().enumerate() {
-        if ep.done() {
-            break;
-        }
-        let result = ep.step(line);
-        let names: Vec<&str> = ep
-            .step_dims(i)
+    for (i, step) in demo.steps.iter().enumerate() {
+        let names: Vec<&str> = step
+            .dims
             .iter()
             .filter_map(|&j| dims.get(j).map(|x| x.name.as_str()))
             .collect();
         println!(
             "{:>4} | {:<24} | {:<10} | {} | {}",
             i + 1,
-            line,
-            result.observation.trim_end(),
-            if ep.oracle_label(i) { "right" } else { "wrong" },
+            step.text,
+            step.observation.trim_end(),
+            if step.oracle { "right" } else { "wrong" },
             names.join(",")
         );
     }
     println!(
         "\noutcome: {}",
-        if ep.outcome() { "solved" } else { "failed" }
+        if demo.outcome { "solved" } else { "failed" }
     );
     Ok(())
 }

@@ -16,7 +16,7 @@ use crate::env::{Environment, Split};
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
 use crate::reward::Verdict;
 use crate::rng::Rng;
-use crate::rollout::{StepSpan, Trajectory, rollout};
+use crate::rollout::{Trajectory, replay_demonstration, rollout};
 use crate::sampling::Sampler;
 use burn::prelude::*;
 
@@ -286,31 +286,7 @@ pub fn labelled_pool(
         let level = levels.get(i % levels.len().max(1)).copied().unwrap_or(0.5);
         let d = vec![level; dims];
         let task_seed = rng.next_u64();
-        let (_, lines) = env.demonstration(&d, noise, task_seed);
-        let mut ep = env.sample(&d, Split::Train, task_seed);
-        let mut t = Trajectory {
-            task: 0,
-            tokens: Vec::new(),
-            steps: Vec::new(),
-            outcome: false,
-            prompt: ep.prompt(),
-            finite: true,
-        };
-        for line in lines {
-            if ep.done() {
-                break;
-            }
-            let result = ep.step(&line);
-            t.steps.push(StepSpan {
-                start: 0,
-                end: 0,
-                oracle: ep.oracle_label(t.steps.len()),
-                text: line,
-                observation: result.observation,
-                dims: Vec::new(),
-                oracle_blame: Vec::new(),
-            });
-        }
+        let t = replay_demonstration(env, &d, noise, task_seed);
         for (j, step) in t.steps.iter().enumerate() {
             let (bucket, cap) = if step.oracle {
                 (&mut pos, half)

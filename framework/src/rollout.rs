@@ -2,7 +2,7 @@
 //! answers with an observation, until the episode ends or the step budget runs out. Every
 //! active episode of every task advances together in one batched `generate` call per turn.
 
-use crate::env::Episode;
+use crate::env::{Environment, Episode, Split};
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
 use crate::rng::Rng;
 use burn::prelude::Backend;
@@ -145,4 +145,44 @@ pub fn rollout<B: Backend, M: CausalLm<B>>(
             steps,
         })
         .collect()
+}
+
+/// The flawed expert's solution of the task `env.sample(d, Split::Train, seed)` (slip
+/// probability `noise`), replayed in that task: each line with the observation the
+/// environment answered, its oracle label and the dimensions it exercises, until the episode
+/// ends. A trajectory without tokens (`tokens` empty, every span `0..0`): for the warm start's
+/// demonstrations, the judge's labelled pool and `rlany env`.
+pub fn replay_demonstration(env: &dyn Environment, d: &[f64], noise: f64, seed: u64) -> Trajectory {
+    let (_, lines) = env.demonstration(d, noise, seed);
+    let mut ep = env.sample(d, Split::Train, seed);
+    let mut steps: Vec<StepSpan> = Vec::with_capacity(lines.len());
+    for text in lines {
+        if ep.done() {
+            break;
+        }
+        let observation = ep.step(&text).observation;
+        let i = steps.len();
+        let oracle = ep.oracle_label(i);
+        steps.push(StepSpan {
+            start: 0,
+            end: 0,
+            text,
+            oracle,
+            observation,
+            dims: ep.step_dims(i),
+            oracle_blame: if oracle {
+                Vec::new()
+            } else {
+                ep.oracle_blame(i)
+            },
+        });
+    }
+    Trajectory {
+        task: 0,
+        tokens: Vec::new(),
+        steps,
+        outcome: ep.outcome(),
+        prompt: ep.prompt(),
+        finite: true,
+    }
 }

@@ -5,13 +5,14 @@
 //! cross-entropy over the demonstrated step tokens (the prompt is context, not target).
 
 use crate::batch::{host_tensor, sequence_logprobs, token_batch};
-use crate::env::{Environment, Split};
+use crate::env::Environment;
 use crate::experiment::WarmStart;
 use crate::lm::{CausalLm, Tokenizer};
 use crate::ppo::NonFinite;
 use crate::ppo::clip as optim;
 use crate::progress;
 use crate::rng::Rng;
+use crate::rollout::replay_demonstration;
 use burn::module::AutodiffModule;
 use burn::optim::AdamWConfig;
 use burn::prelude::*;
@@ -26,21 +27,24 @@ fn demo_tokens(
     noise: f64,
     seed: u64,
 ) -> (Vec<u32>, Vec<bool>) {
-    let (prompt, steps) = env.demonstration(d, noise, seed);
     // Replayed in the task it solves, so the sequence holds the environment's observations
     // exactly where a rollout puts them (not trained on).
-    let mut episode = env.sample(d, Split::Train, seed);
+    let demo = replay_demonstration(env, d, noise, seed);
     let mut ids = vec![tok.bos()];
-    ids.extend(tok.encode(&prompt));
+    ids.extend(tok.encode(&demo.prompt));
     let mut trained = vec![false; ids.len()];
-    for s in &steps {
-        for t in tok.encode(s).into_iter().chain([tok.step_delimiter()]) {
+    for s in &demo.steps {
+        for t in tok
+            .encode(&s.text)
+            .into_iter()
+            .chain([tok.step_delimiter()])
+        {
             ids.push(t);
             trained.push(true);
         }
-        let observation = episode.step(s).observation;
+        let observation = &s.observation;
         if !observation.is_empty() {
-            let mut obs = tok.encode(&observation);
+            let mut obs = tok.encode(observation);
             if !observation.ends_with('\n') {
                 obs.push(tok.step_delimiter());
             }
