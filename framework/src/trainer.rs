@@ -891,6 +891,8 @@ where
         for (level, acc) in &id.by_level {
             m.set(&format!("eval/acc_grid/{level:.2}"), *acc);
         }
+        // The two in-domain trajectories written to samples.jsonl, with the judge's verdicts.
+        let shown = &id.trajectories[..id.trajectories.len().min(2)];
         let mut judged_id = Vec::new();
         if let (Some(j), Some(spec)) = (&self.judge, self.cfg.judge.model()) {
             // A stream per evaluation step: evaluations never disturb the training streams.
@@ -911,13 +913,11 @@ where
             );
             q.set(m, "judge/eval");
             // Verdicts on the two in-domain samples written below.
-            let shown: Vec<_> = id.trajectories.iter().take(2).cloned().collect();
             judged_id =
-                judge::judge_steps(&judge, self.tok, &shown, votes, spec.temperature, &mut rng);
+                judge::judge_steps(&judge, self.tok, shown, votes, spec.temperature, &mut rng);
         }
         pb.finish_and_clear();
-        let shown: Vec<_> = id.trajectories.iter().take(2).cloned().collect();
-        let verdicts = judge::by_trajectory(&judged_id, &shown);
+        let verdicts = judge::by_trajectory(&judged_id, shown);
         for (split, r) in [("id", &id), ("ood", &ood)] {
             for (ti, t) in r.trajectories.iter().enumerate().take(2) {
                 let steps: Vec<serde_json::Value> = t
