@@ -9,9 +9,10 @@
 //!   interrupted run resumes from its latest checkpoint (writing exactly what an uninterrupted
 //!   run writes), and a run killed before its first checkpoint (during its warm start) is
 //!   removed and started again.
-//! - `--jobs N` runs N seeds at once (one thread each; a seed's rows stay in order in its
-//!   thread, so its warm starts are computed once and shared by its later rows). Every run is
-//!   a function of its seed and settings alone: the metrics do not depend on N.
+//! - `--jobs N` runs N runs at once (threads taking jobs from one queue: a free worker starts
+//!   the next seed no one is running, and at the end of the suite helps with the rows of a
+//!   seed already started; warm starts are still computed once, see `next_job`). Every run
+//!   is a function of its seed and settings alone: the metrics do not depend on N.
 //! - One progress display over the whole suite, one summary line per finished run.
 
 use crate::{
@@ -244,24 +245,44 @@ pub fn ablate(o: &SuiteOptions) -> Result<()> {
         }
         Ok(())
     };
-    // Seed i goes to worker i mod N; each worker runs its seeds' rows in order.
+    // Workers take jobs from one queue (see `next_job`) until none is left or one failed.
+    let queue = Mutex::new(vec![JobState::Pending; jobs.len()]);
     let results: Vec<Result<()>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..workers)
-            .map(|w| {
-                let mine: Vec<(usize, u64, &Row)> = jobs
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, (seed, _))| {
-                        seeds.iter().position(|s| s == seed).unwrap_or(0) % workers == w
-                    })
-                    .map(|(k, (seed, row))| (k, *seed, *row))
-                    .collect();
-                let run_job = &run_job;
+            .map(|_| {
+                let (run_job, jobs, queue) = (&run_job, &jobs, &queue);
                 scope.spawn(move || -> Result<()> {
-                    for (k, seed, row) in mine {
-                        run_job(k, seed, row)?;
+                    loop {
+                        let k = {
+                            let mut states = queue
+                                .lock()
+                                .map_err(|_| anyhow::anyhow!("the suite's queue was poisoned"))?;
+                            let seeds: Vec<u64> = jobs.iter().map(|(s, _)| *s).collect();
+                            match next_job(&states, &seeds) {
+                                Some(k) => {
+                                    states[k] = JobState::Running;
+                                    k
+                                }
+                                None => return Ok(()),
+                            }
+                        };
+                        let (seed, row) = jobs[k];
+                        let result = run_job(k, seed, row);
+                        if let Ok(mut states) = queue.lock() {
+                            states[k] = if result.is_ok() {
+                                JobState::Done
+                            } else {
+                                // Stop the other workers after their current run.
+                                states.iter_mut().for_each(|s| {
+                                    if *s == JobState::Pending {
+                                        *s = JobState::Cancelled;
+                                    }
+                                });
+                                JobState::Failed
+                            };
+                        }
+                        result?;
                     }
-                    Ok(())
                 })
             })
             .collect();
@@ -291,6 +312,35 @@ pub fn ablate(o: &SuiteOptions) -> Result<()> {
     println!("{}", report.table);
     println!("wrote {}", report.report.display());
     Ok(())
+}
+
+/// Where one (seed, row) job of the suite stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum JobState {
+    Pending,
+    Running,
+    Done,
+    Failed,
+    Cancelled,
+}
+
+/// The job a free worker takes next, of jobs in suite order (seed by seed, rows in order);
+/// `seeds[k]` is job k's seed.
+///
+/// The first pending job of a seed no worker is running; when every pending job's seed is
+/// being run, the first pending job (so a suite whose seeds do not divide among the workers
+/// still keeps them all busy at its end). A seed's first row computes the warm starts its
+/// later rows load: a later row started beside it waits for them (`WarmCache::claim`) and
+/// then loads them instead of computing them again.
+fn next_job(states: &[JobState], seeds: &[u64]) -> Option<usize> {
+    let pending = |k: &usize| states[*k] == JobState::Pending;
+    let busy = |k: usize| {
+        (0..states.len()).any(|j| states[j] == JobState::Running && seeds[j] == seeds[k])
+    };
+    (0..states.len())
+        .filter(pending)
+        .find(|&k| !busy(k))
+        .or_else(|| (0..states.len()).find(pending))
 }
 
 /// `suite.json`: the rows in order with their baselines (the row above unless the file
@@ -359,5 +409,32 @@ mod tests {
             assert_eq!(run_state(&dir, 10), want);
         }
         let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn the_queue_takes_fresh_seeds_first_then_helps_with_started_ones() {
+        use JobState::*;
+        // 3 seeds × 2 rows, in suite order.
+        let seeds = [1, 1, 2, 2, 3, 3];
+        let mut st = [Pending; 6];
+        assert_eq!(next_job(&st, &seeds), Some(0));
+        st[0] = Running;
+        // Not seed 1's second row: seed 2 is untouched.
+        assert_eq!(next_job(&st, &seeds), Some(2));
+        st[2] = Running;
+        st[0] = Done;
+        assert_eq!(next_job(&st, &seeds), Some(1), "seed 1 is free again");
+        st[1] = Done;
+        st[2] = Done;
+        st[3] = Running;
+        assert_eq!(next_job(&st, &seeds), Some(4));
+        st[4] = Running;
+        st[3] = Done;
+        // Only seed 3's second row is left and seed 3 is running: help with it.
+        assert_eq!(next_job(&st, &seeds), Some(5));
+        st[5] = Running;
+        assert_eq!(next_job(&st, &seeds), None);
+        // Cancelled jobs are never taken.
+        assert_eq!(next_job(&[Cancelled, Failed, Done], &[1, 1, 1]), None);
     }
 }

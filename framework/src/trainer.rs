@@ -981,6 +981,8 @@ fn through_cache<B: burn::prelude::Backend, M: burn::module::Module<B>>(
     compute: impl FnOnce(M) -> Result<(M, WarmMetrics), TrainError>,
 ) -> Result<(M, WarmMetrics, bool), TrainError> {
     let key = warmcache::key(inputs);
+    // Held until the entry is stored: a second thread needing it waits, then loads it.
+    let _claim = cache.map(|c| c.claim(&key));
     if let Some((model, metrics)) = cache.and_then(|c| c.load(&key, fresh.clone(), device)) {
         return Ok((model, metrics, true));
     }

@@ -10,6 +10,10 @@
 //! (full precision: a hit reloads them bit for bit) and the `warm/*` metrics, with checksums;
 //! it is written to a temporary folder and renamed, so a kill never leaves half an entry.
 //! A damaged or unreadable entry is a miss.
+//!
+//! Within one process a key is computed once: [`WarmCache::claim`] makes a second run that
+//! needs the same warm start wait for the first to store it (the suite runs rows of one seed
+//! on several threads), then load it.
 
 use crate::checkpoint::checksum;
 use crate::rundir::{io, write_atomic};
@@ -17,9 +21,31 @@ use burn::module::Module;
 use burn::prelude::Backend;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
 use serde_json::{Map, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::{Condvar, Mutex, PoisonError};
+
+/// Entries being computed in this process (cache folder joined with key), and the signal
+/// that one of them was released.
+static BUSY: (Mutex<BTreeSet<PathBuf>>, Condvar) = (Mutex::new(BTreeSet::new()), Condvar::new());
+
+/// A claim on one entry: while it lives, no other thread of this process holds a claim on
+/// the same entry. Dropping it releases the entry and wakes the waiters.
+#[derive(Debug)]
+pub struct Claim {
+    entry: PathBuf,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let (busy, released) = &BUSY;
+        busy.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.entry);
+        released.notify_all();
+    }
+}
 
 /// Bump when the warm-start code changes what it computes: old entries then miss.
 pub const VERSION: u32 = 1;
@@ -44,6 +70,21 @@ impl WarmCache {
     /// A cache in `dir` (created on the first store).
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self { dir: dir.into() }
+    }
+
+    /// Claims the entry `key`, waiting while another thread holds it: hold the claim from
+    /// looking the entry up until it is stored, so a warm start is computed once.
+    pub fn claim(&self, key: &str) -> Claim {
+        let entry = self.dir.join(key);
+        let (busy, released) = &BUSY;
+        let mut held = busy.lock().unwrap_or_else(PoisonError::into_inner);
+        while held.contains(&entry) {
+            held = released
+                .wait(held)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        held.insert(entry.clone());
+        Claim { entry }
     }
 
     /// The weights and metrics stored under `key`, loaded into `module`; `None` on a miss
@@ -170,5 +211,27 @@ mod tests {
             .expect("store again");
         assert!(cache.load(&k, fresh, &dev).is_some());
         let _ = fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_claimed_entry_waits_for_its_release_and_other_keys_do_not() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::time::Duration;
+        let cache = WarmCache::new(std::env::temp_dir().join("rlany-warm-claim"));
+        let first = cache.claim("k1");
+        // Another key is free at once.
+        drop(cache.claim("k2"));
+        let released = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                let _second = cache.claim("k1");
+                // The claim is granted only after the first was dropped.
+                released.load(Ordering::SeqCst)
+            });
+            std::thread::sleep(Duration::from_millis(200));
+            released.store(true, Ordering::SeqCst);
+            drop(first);
+            assert!(waiter.join().expect("waiter"), "second claim granted too early");
+        });
     }
 }
