@@ -1,4 +1,5 @@
-//! `rlany bench --kernels`: the K1/K2 kernel workloads of `kernels/BENCH.md`, fused and reference,
+//! `rlany bench --kernels`: the K1/K2 kernel workloads (`--models`: the model workloads,
+//! `bench_models.rs`) of `kernels/BENCH.md`, fused and reference,
 //! beside a device-to-device copy measured in the same run (the bandwidth ceiling).
 //!
 //! Timing: warm-up runs first (kernel compilation), the device is synchronised before every
@@ -14,7 +15,7 @@ use anyhow::{Context, Result, bail};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, FloatDType};
-use rlany_kernels::{KernelChoice, LogProbOps};
+use rlany_kernels::{AutodiffLogProbOps, KernelChoice, LogProbOps};
 
 /// Options of `rlany bench`.
 #[derive(clap::Args, Debug)]
@@ -22,6 +23,15 @@ pub(crate) struct BenchArgs {
     /// Run the kernel workloads (K1_fwd, K1_fwdbwd, K2_fwd of kernels/BENCH.md).
     #[arg(long)]
     kernels: bool,
+    /// Run the model workloads (R_ rollout and T_ PPO step of kernels/BENCH.md, C_tiny_T).
+    #[arg(long)]
+    models: bool,
+    /// With --models: the reduced CPU sizes (rows named `…@quick`), about a minute on a CPU.
+    #[arg(long)]
+    quick: bool,
+    /// With --models: only workloads whose name starts with one of these (e.g. R_small,T_small).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
     /// ndarray, wgpu, cuda or cuda:N (wgpu / cuda need the matching cargo feature).
     #[arg(long, default_value = "ndarray")]
     backend: String,
@@ -40,8 +50,9 @@ pub(crate) struct BenchArgs {
     /// Vocabulary sizes V.
     #[arg(long, value_delimiter = ',', default_values_t = [4096usize, 32768, 151_936])]
     vocab: Vec<usize>,
-    /// Logit dtypes (f32, bf16, f16); unsupported ones are skipped.
-    #[arg(long, value_delimiter = ',', default_values_t = ["f32".to_string(), "bf16".to_string()])]
+    /// Kernels: the logit dtypes (f32, bf16, f16); unsupported ones are skipped. Models: one
+    /// dtype for every workload (default: each workload's own, BENCH.md's).
+    #[arg(long, value_delimiter = ',')]
     dtype: Vec<String>,
     /// Largest single logits tensor in GiB: N is reduced for a V where [N, V] would exceed it
     /// (the effective N is printed). Default: the backend's binding limit (wgpu), else none.
@@ -64,9 +75,14 @@ struct Row {
 }
 
 pub(crate) fn run(args: BenchArgs) -> Result<()> {
-    if !args.kernels {
+    if !args.kernels && !args.models {
         bail!(super::UsageError(
-            "rlany bench: only the kernel workloads exist so far: pass --kernels".into()
+            "rlany bench: pass --kernels, --models or both".into()
+        ));
+    }
+    if args.models && args.dtype.len() > 1 {
+        bail!(super::UsageError(
+            "rlany bench --models: give one --dtype (or none for each workload's own)".into()
         ));
     }
     if args.n == 0 || args.reps == 0 || args.vocab.contains(&0) {
@@ -121,7 +137,7 @@ fn parse_dtype(s: &str) -> Result<FloatDType> {
     })
 }
 
-fn dtype_name(d: FloatDType) -> &'static str {
+pub(crate) fn dtype_name(d: FloatDType) -> &'static str {
     match d {
         FloatDType::F32 => "f32",
         FloatDType::BF16 => "bf16",
@@ -141,7 +157,7 @@ fn elt_size(d: FloatDType) -> usize {
 
 /// Warm up, then time `reps` runs of `f` (device synchronised before each clock read);
 /// returns the median in ms.
-fn median_ms<B: Backend, R>(
+pub(crate) fn median_ms<B: Backend, R>(
     device: &B::Device,
     warmup: usize,
     reps: usize,
@@ -171,7 +187,7 @@ fn median_ms<B: Backend, R>(
 }
 
 /// Runs `f`, turning a panic (device out of memory, binding limits) into an error.
-fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+pub(crate) fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(panic) => {
@@ -186,6 +202,88 @@ fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
 }
 
 fn bench_backend<B>(args: &BenchArgs, device: &B::Device) -> Result<()>
+where
+    B: AutodiffBackend + AutodiffLogProbOps,
+    B::InnerBackend: LogProbOps,
+{
+    let mut json = serde_json::Map::new();
+    json.insert("backend".into(), B::name(device).into());
+    json.insert("reps".into(), args.reps.into());
+    let mut results: Vec<serde_json::Value> = Vec::new();
+    if args.kernels {
+        let (copy, kernel_rows) = bench_kernels::<B>(args, device)?;
+        json.insert("n_requested".into(), args.n.into());
+        json.insert("warmup".into(), args.warmup.into());
+        json.insert("copy".into(), copy);
+        results.extend(kernel_rows);
+    }
+    if args.models {
+        let dtype = args.dtype.first().map(|d| parse_dtype(d)).transpose()?;
+        println!(
+            "rlany bench --models on {}{}",
+            B::name(device),
+            if args.quick { " (--quick sizes)" } else { "" }
+        );
+        let rows = crate::bench_models::run::<B>(device, args.quick, dtype, args.reps, &args.only)?;
+        print_model_table(&rows);
+        results.extend(rows.iter().map(|r| {
+            serde_json::json!({
+                "name": r.name, "workload": r.name, "variant": "rlany", "dtype": r.dtype,
+                "median_ms": r.ms, "tokens": r.tokens,
+                "tokens_per_s": r.ms.map(|ms| r.tokens as f64 / (ms * 1e-3)),
+                "device_reserved_bytes": r.reserved, "error": r.error,
+            })
+        }));
+    }
+    json.insert("results".into(), results.into());
+    if let Some(path) = &args.json {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        }
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(&serde_json::Value::Object(json))?,
+        )
+        .with_context(|| format!("write {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn print_model_table(rows: &[crate::bench_models::ModelRow]) {
+    println!(
+        "{:<18} {:<6} {:>12} {:>10} {:>14} {:>12}",
+        "name", "dtype", "median ms", "tokens", "tokens/s", "reserved"
+    );
+    for r in rows {
+        let reserved = r.reserved.map_or("-".to_string(), |b| {
+            format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+        });
+        match r.ms {
+            Some(ms) => println!(
+                "{:<18} {:<6} {:>12.1} {:>10} {:>14.0} {:>12}",
+                r.name,
+                r.dtype,
+                ms,
+                r.tokens,
+                r.tokens as f64 / (ms * 1e-3),
+                reserved
+            ),
+            None => println!(
+                "{:<18} {:<6} failed: {}",
+                r.name,
+                r.dtype,
+                r.error.as_deref().unwrap_or("?")
+            ),
+        }
+    }
+}
+
+/// The kernel workloads: the copy ceiling (JSON) and one JSON row per measurement.
+fn bench_kernels<B>(
+    args: &BenchArgs,
+    device: &B::Device,
+) -> Result<(serde_json::Value, Vec<serde_json::Value>)>
 where
     B: AutodiffBackend + LogProbOps,
     B::InnerBackend: LogProbOps,
@@ -202,11 +300,14 @@ where
             None => args.n,
         }
     };
-    let dtypes: Vec<FloatDType> = args
-        .dtype
-        .iter()
-        .map(|d| parse_dtype(d))
-        .collect::<Result<_>>()?;
+    let dtypes: Vec<FloatDType> = if args.dtype.is_empty() {
+        vec![FloatDType::F32, FloatDType::BF16]
+    } else {
+        args.dtype
+            .iter()
+            .map(|d| parse_dtype(d))
+            .collect::<Result<_>>()?
+    };
     <Inner<B> as Backend>::seed(device, 20_240_601);
     if args.reps < 10 {
         eprintln!("note: --reps {} is below BENCH.md's 10", args.reps);
@@ -303,31 +404,20 @@ where
     }
 
     print_table(&rows, copy_gbps);
-    if let Some(path) = &args.json {
-        let json = serde_json::json!({
-            "backend": backend_name,
-            "n_requested": args.n,
-            "reps": args.reps,
-            "warmup": args.warmup,
-            "copy": { "ms": copy_ms, "bytes": copy_bytes, "gbps": copy_gbps, "n": copy_n, "vocab": v_max,
-                      "how": "element-wise x*1 into a fresh buffer, f32 read+write" },
-            "results": rows.iter().map(|r| {
-                let gbps = r.ms.map(|ms| r.bytes / (ms * 1e-3) / 1e9);
-                serde_json::json!({
-                    "name": r.name, "workload": r.workload, "vocab": r.vocab, "dtype": r.dtype,
-                    "variant": r.variant, "n": r.n, "bytes": r.bytes, "median_ms": r.ms,
-                    "gbps": gbps, "frac_copy": gbps.map(|g| g / copy_gbps), "error": r.error,
-                })
-            }).collect::<Vec<_>>(),
-        });
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-        }
-        std::fs::write(path, serde_json::to_string_pretty(&json)?)
-            .with_context(|| format!("write {}", path.display()))?;
-        println!("wrote {}", path.display());
-    }
-    Ok(())
+    let copy = serde_json::json!({ "ms": copy_ms, "bytes": copy_bytes, "gbps": copy_gbps, "n": copy_n, "vocab": v_max,
+                                   "how": "element-wise x*1 into a fresh buffer, f32 read+write" });
+    let results = rows
+        .iter()
+        .map(|r| {
+            let gbps = r.ms.map(|ms| r.bytes / (ms * 1e-3) / 1e9);
+            serde_json::json!({
+                "name": r.name, "workload": r.workload, "vocab": r.vocab, "dtype": r.dtype,
+                "variant": r.variant, "n": r.n, "bytes": r.bytes, "median_ms": r.ms,
+                "gbps": gbps, "frac_copy": gbps.map(|g| g / copy_gbps), "error": r.error,
+            })
+        })
+        .collect();
+    Ok((copy, results))
 }
 
 fn print_table(rows: &[Row], copy_gbps: f64) {

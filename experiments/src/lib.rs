@@ -5,6 +5,7 @@
 //! proposer it names, picks the backend, and hands them to the framework's closed loop.
 
 mod bench;
+mod bench_models;
 mod envcmd;
 pub mod overrides;
 pub mod plugins;
@@ -100,7 +101,8 @@ enum Command {
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
         jobs: u64,
     },
-    /// Benchmark workloads of kernels/BENCH.md (`--kernels`: the fused log-prob / KL kernels).
+    /// Benchmark workloads of kernels/BENCH.md (`--kernels`: the fused log-prob / KL kernels;
+    /// `--models`: rollout and PPO step of the benchmark models, `--quick` on a CPU).
     Bench {
         #[command(flatten)]
         args: bench::BenchArgs,

@@ -50,6 +50,10 @@ pub struct Generation {
 
 /// A decoder-only language model, generic over the backend.
 pub trait CausalLm<B: Backend>: Module<B> + Clone + Send + 'static {
+    /// What a batch of contexts keeps between [`CausalLm::extend`] calls (a KV cache), so
+    /// that a multi-turn rollout reads each token once.
+    type Contexts;
+
     /// Next-token logits at every position.
     ///
     /// # Shapes
@@ -59,14 +63,39 @@ pub trait CausalLm<B: Backend>: Module<B> + Clone + Send + 'static {
     /// - output: `[batch, seq, vocab]`
     fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3>;
 
-    /// Batched autoregressive generation with a KV cache. Prompts may differ in length
-    /// (each must be non-empty); all randomness comes from `rng`.
+    /// `rows` empty contexts (rows `0..rows`).
+    fn contexts(&self, rows: usize) -> Self::Contexts;
+
+    /// Appends `appended[i]` to the context of row `rows[i]`, then samples a continuation of
+    /// every named row, batched, with a KV cache; the generated tokens become part of the
+    /// row's context. All randomness comes from `rng`.
+    ///
+    /// - Rows not named are dropped for good (a later call may not name them).
+    /// - A row's budget is `min(max_new_tokens, max_seq_len − its context length)`; a row
+    ///   with nothing in its context or no room left gets an empty generation and is dropped.
+    /// - On a fresh row, a prompt of `max_seq_len` tokens or more keeps its last
+    ///   `max_seq_len − 1` tokens.
+    fn extend(
+        &self,
+        contexts: &mut Self::Contexts,
+        rows: &[usize],
+        appended: &[Vec<u32>],
+        params: &SampleParams,
+        rng: &mut Rng,
+    ) -> Vec<Generation>;
+
+    /// Batched generation from fresh prompts (each must be non-empty to generate anything):
+    /// [`CausalLm::extend`] on fresh contexts.
     fn generate(
         &self,
         prompts: &[Vec<u32>],
         params: &SampleParams,
         rng: &mut Rng,
-    ) -> Vec<Generation>;
+    ) -> Vec<Generation> {
+        let rows: Vec<usize> = (0..prompts.len()).collect();
+        let mut contexts = self.contexts(prompts.len());
+        self.extend(&mut contexts, &rows, prompts, params, rng)
+    }
 
     /// Longest context (prompt + generation) the model accepts.
     fn max_seq_len(&self) -> usize;

@@ -1,6 +1,7 @@
 //! Multi-turn rollouts: the policy writes one step (one line) at a time, the environment
 //! answers with an observation, until the episode ends or the step budget runs out. Every
-//! active episode of every task advances together in one batched `generate` call per turn.
+//! active episode of every task advances together in one batched [`CausalLm::extend`] call per
+//! turn, which reads only what is new in each context (the model keeps the rest cached).
 
 use crate::env::{Environment, Episode, Split};
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
@@ -69,6 +70,10 @@ pub fn rollout<B: Backend, M: CausalLm<B>>(
 ) -> Vec<Trajectory> {
     let delim = tok.step_delimiter();
     let mut finite = vec![true; episodes.len()];
+    // The model keeps what each episode has read; a turn appends only what is new.
+    let mut contexts = model.contexts(episodes.len());
+    // Per episode: how many of its context tokens the model has read or generated.
+    let mut known = vec![0usize; episodes.len()];
     // (task, episode, context tokens, steps taken) per episode.
     type Live = (usize, Box<dyn Episode>, Vec<u32>, Vec<StepSpan>);
     let mut eps: Vec<Live> = episodes
@@ -90,14 +95,18 @@ pub fn rollout<B: Backend, M: CausalLm<B>>(
         if active.is_empty() {
             break;
         }
-        let prompts: Vec<Vec<u32>> = active.iter().map(|&i| eps[i].2.clone()).collect();
-        let gens = model.generate(&prompts, params, rng);
+        let appended: Vec<Vec<u32>> = active
+            .iter()
+            .map(|&i| eps[i].2[known[i]..].to_vec())
+            .collect();
+        let gens = model.extend(&mut contexts, &active, &appended, params, rng);
         for (&i, g) in active.iter().zip(gens) {
             finite[i] &= g.logprobs.iter().all(|l| l.is_finite());
             let (_, ep, ctx, steps) = &mut eps[i];
             let start = ctx.len();
             ctx.extend_from_slice(&g.tokens);
             let end = ctx.len();
+            known[i] = end;
             let body: Vec<u32> = g
                 .tokens
                 .iter()

@@ -79,9 +79,7 @@ impl WarmCache {
         let (busy, released) = &BUSY;
         let mut held = busy.lock().unwrap_or_else(PoisonError::into_inner);
         while held.contains(&entry) {
-            held = released
-                .wait(held)
-                .unwrap_or_else(PoisonError::into_inner);
+            held = released.wait(held).unwrap_or_else(PoisonError::into_inner);
         }
         held.insert(entry.clone());
         Claim { entry }
@@ -231,7 +229,10 @@ mod tests {
             std::thread::sleep(Duration::from_millis(200));
             released.store(true, Ordering::SeqCst);
             drop(first);
-            assert!(waiter.join().expect("waiter"), "second claim granted too early");
+            assert!(
+                waiter.join().expect("waiter"),
+                "second claim granted too early"
+            );
         });
     }
 }

@@ -71,6 +71,10 @@ impl<B: LogProbOps, C: CheckpointStrategy> LogProbOps for Autodiff<B, C> {
         B::max_tensor_bytes(device)
     }
 
+    fn device_memory_reserved(device: &Self::Device) -> Option<u64> {
+        B::device_memory_reserved(device)
+    }
+
     fn token_logprobs(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
         match TokenLogprobsBackward
             .prepare::<C>([logits.node.clone()])

@@ -110,6 +110,10 @@ impl<B: FusionBackend + LogProbOps> LogProbOps for Fusion<B> {
         B::max_tensor_bytes(device)
     }
 
+    fn device_memory_reserved(device: &Self::Device) -> Option<u64> {
+        B::device_memory_reserved(device)
+    }
+
     fn token_logprobs(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
         Self::token_logprobs_with_lse(logits, targets).0
     }

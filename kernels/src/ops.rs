@@ -62,6 +62,13 @@ pub trait LogProbOps: Backend {
         None
     }
 
+    /// Bytes the backend's memory pools hold on `device` now, if it reports them (the Cube
+    /// backends). Pools grow to the peak and are kept, so after a workload this is its peak
+    /// reservation. Benchmarks report it.
+    fn device_memory_reserved(_device: &Self::Device) -> Option<u64> {
+        None
+    }
+
     /// `log_softmax(logits)[n, targets[n]]`: `[n, vocab]`, `[n]` → `[n]`.
     fn token_logprobs(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
         into_prim(reference::token_logprobs(

@@ -10,10 +10,12 @@
 //! grouped-query attention (arXiv 2305.13245), SwiGLU (arXiv 2002.05202), nucleus sampling
 //! (arXiv 1904.09751).
 
+mod decode;
 mod error;
 mod tokenizer;
 mod transformer;
 
+pub use decode::Contexts;
 pub use error::ModelError;
 pub use tokenizer::CharTokenizer;
 pub use transformer::{KvCache, Transformer, TransformerConfig};

@@ -15,25 +15,25 @@
 
 use std::path::{Path, PathBuf};
 
-use burn::module::{Initializer, ModuleVisitor, Param};
+use burn::module::{Initializer, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::prelude::*;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
-use burn::tensor::DType;
 use burn::tensor::activation::{silu, softmax};
+use burn::tensor::{DType, FloatDType};
 use rlany_framework::{CausalLm, Generation, Rng, SampleParams};
 
+use crate::decode::{self, Contexts};
 use crate::error::ModelError;
-use rlany_framework::sampling::Sampler;
 
 /// Additive attention bias of a masked-out key. Finite (not `-inf`) so that a query whose
 /// keys are all masked (a left-pad position) gets a harmless uniform row instead of NaN;
 /// any query with one visible key gives masked keys exactly zero weight in f32.
-const MASKED: f32 = -1.0e9;
+pub(crate) const MASKED: f32 = -1.0e9;
 
 /// Token id fed at padding positions. Padding keys are masked out, so the id is irrelevant;
 /// 0 is valid in every vocabulary.
-const PAD_ID: i64 = 0;
+pub(crate) const PAD_ID: i64 = 0;
 
 /// Configuration of a [`Transformer`].
 #[derive(Config, Debug)]
@@ -209,7 +209,7 @@ struct SeededInit<'a> {
     path: Vec<String>,
 }
 
-impl<B: Backend> burn::module::ModuleMapper<B> for SeededInit<'_> {
+impl<B: Backend> ModuleMapper<B> for SeededInit<'_> {
     fn enter_module(&mut self, name: &str, _container_type: &str) {
         self.path.push(name.to_string());
     }
@@ -312,23 +312,78 @@ fn project<B: Backend>(layer: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
     y.reshape([batch, seq, d_output])
 }
 
-/// Keys and values of one layer, already rotated.
+/// Keys and values of one layer, already rotated, in preallocated buffers written in place.
 #[derive(Debug, Clone)]
 struct LayerKv<B: Backend> {
-    /// `[batch, kv_heads, len, head_dim]`
+    /// `[batch, kv_heads, capacity, head_dim]`; positions `0..len` are filled.
     key: Tensor<B, 4>,
-    /// `[batch, kv_heads, len, head_dim]`
+    /// `[batch, kv_heads, capacity, head_dim]`; positions `0..len` are filled.
     value: Tensor<B, 4>,
+    /// Filled positions.
+    len: usize,
+}
+
+impl<B: Backend> LayerKv<B> {
+    /// Writes `k` and `v` after the filled positions (growing the buffers first when they
+    /// are full) and returns views of every filled position.
+    ///
+    /// # Shapes
+    /// - `k`, `v`: `[batch, kv_heads, seq, head_dim]`
+    /// - outputs: `[batch, kv_heads, len + seq, head_dim]`
+    fn append(
+        slot: &mut Option<Self>,
+        k: Tensor<B, 4>,
+        v: Tensor<B, 4>,
+        reserve: usize,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let [batch, kv_heads, seq, head_dim] = k.dims();
+        let buffer = |positions: usize, like: &Tensor<B, 4>| {
+            Tensor::<B, 4>::zeros(
+                [batch, kv_heads, positions, head_dim],
+                (&like.device(), like.dtype()),
+            )
+        };
+        let mut kv = match slot.take() {
+            Some(kv) => kv,
+            None => Self {
+                key: buffer(seq + reserve, &k),
+                value: buffer(seq + reserve, &v),
+                len: 0,
+            },
+        };
+        let capacity = kv.key.dims()[2];
+        let needed = kv.len + seq;
+        if needed > capacity {
+            // One copy of the filled part into buffers with room for `reserve` more
+            // positions (at least doubled, so repeated growth costs amortised O(1)).
+            let grown = (needed + reserve).max(2 * capacity);
+            let filled = [0..batch, 0..kv_heads, 0..kv.len, 0..head_dim];
+            kv.key = buffer(grown, &k).slice_assign(filled.clone(), kv.key.narrow(2, 0, kv.len));
+            kv.value = buffer(grown, &v).slice_assign(filled, kv.value.narrow(2, 0, kv.len));
+        }
+        let at = [0..batch, 0..kv_heads, kv.len..needed, 0..head_dim];
+        kv.key = kv.key.slice_assign(at.clone(), k);
+        kv.value = kv.value.slice_assign(at, v);
+        kv.len = needed;
+        let views = (
+            kv.key.clone().narrow(2, 0, needed),
+            kv.value.clone().narrow(2, 0, needed),
+        );
+        *slot = Some(kv);
+        views
+    }
 }
 
 /// Keys and values of the positions seen so far, per layer, for incremental decoding.
 ///
-/// Each layer holds K and V of shape `[batch, kv_heads, len, head_dim]` (K after the
-/// rotation); every [`Transformer::forward_with`] call that is given the cache appends its
-/// positions along dim 2.
+/// Each layer holds K and V in buffers of shape `[batch, kv_heads, capacity, head_dim]` (K
+/// after the rotation); every [`Transformer::forward_with`] call that is given the cache
+/// writes its positions in place after the filled ones (no copy of the cache per token).
 #[derive(Debug, Clone)]
 pub struct KvCache<B: Backend> {
     layers: Vec<Option<LayerKv<B>>>,
+    /// Positions to allocate beyond what the next write needs when a buffer grows.
+    reserve: usize,
 }
 
 impl<B: Backend> KvCache<B> {
@@ -336,7 +391,14 @@ impl<B: Backend> KvCache<B> {
     pub fn new(n_layers: usize) -> Self {
         Self {
             layers: vec![None; n_layers],
+            reserve: 0,
         }
+    }
+
+    /// When a buffer next has to grow, make room for `positions` more than the write needs
+    /// (a caller that knows how many tokens it will decode sizes the buffers once).
+    pub fn reserve(&mut self, positions: usize) {
+        self.reserve = positions;
     }
 
     /// Number of cached positions (0 when empty).
@@ -344,12 +406,28 @@ impl<B: Backend> KvCache<B> {
         self.layers
             .first()
             .and_then(|l| l.as_ref())
-            .map_or(0, |l| l.key.dims()[2])
+            .map_or(0, |l| l.len)
     }
 
     /// Whether no position is cached yet.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Number of layers the cache was built for.
+    pub(crate) fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Keeps the batch rows at `index`, in that order (a gather along the batch dimension).
+    ///
+    /// # Shapes
+    /// - `index`: `[rows kept]`
+    pub(crate) fn select_rows(&mut self, index: Tensor<B, 1, Int>) {
+        for kv in self.layers.iter_mut().flatten() {
+            kv.key = kv.key.clone().select(0, index.clone());
+            kv.value = kv.value.clone().select(0, index.clone());
+        }
     }
 }
 
@@ -380,7 +458,7 @@ impl<B: Backend> Attention<B> {
         cos: &Tensor<B, 4>,
         sin: &Tensor<B, 4>,
         bias: Option<&Tensor<B, 4>>,
-        cache: Option<&mut Option<LayerKv<B>>>,
+        cache: Option<(&mut Option<LayerKv<B>>, usize)>,
     ) -> Tensor<B, 3> {
         let [batch, seq, _] = x.dims();
         let (heads, kv_heads, head_dim) = (self.n_heads, self.n_kv_heads, self.head_dim);
@@ -402,20 +480,7 @@ impl<B: Backend> Attention<B> {
         let k = apply_rotary(k, cos, sin);
 
         let (k, v) = match cache {
-            Some(slot) => {
-                let (k, v) = match slot.take() {
-                    Some(prev) => (
-                        Tensor::cat(vec![prev.key, k], 2),
-                        Tensor::cat(vec![prev.value, v], 2),
-                    ),
-                    None => (k, v),
-                };
-                *slot = Some(LayerKv {
-                    key: k.clone(),
-                    value: v.clone(),
-                });
-                (k, v)
-            }
+            Some((slot, reserve)) => LayerKv::append(slot, k, v, reserve),
             None => (k, v),
         };
         let keys = k.dims()[2];
@@ -491,7 +556,7 @@ impl<B: Backend> Block<B> {
         cos: &Tensor<B, 4>,
         sin: &Tensor<B, 4>,
         bias: Option<&Tensor<B, 4>>,
-        cache: Option<&mut Option<LayerKv<B>>>,
+        cache: Option<(&mut Option<LayerKv<B>>, usize)>,
     ) -> Tensor<B, 3> {
         let h = x.clone()
             + self
@@ -525,7 +590,7 @@ pub struct Transformer<B: Backend> {
 ///
 /// # Shapes
 /// - output: `[1, 1, seq, cache_len + seq]` (f32)
-fn causal_bias<B: Backend>(
+pub(crate) fn causal_bias<B: Backend>(
     cache_len: usize,
     seq: usize,
     device: &B::Device,
@@ -547,7 +612,7 @@ fn causal_bias<B: Backend>(
 }
 
 /// Sum of the optional causal and key-padding biases.
-fn combine_bias<B: Backend>(
+pub(crate) fn combine_bias<B: Backend>(
     causal: Option<Tensor<B, 4>>,
     keys: Option<Tensor<B, 4>>,
 ) -> Option<Tensor<B, 4>> {
@@ -566,6 +631,30 @@ impl<B: Backend> Transformer<B> {
     /// An empty KV cache sized for this model.
     pub fn new_cache(&self) -> KvCache<B> {
         KvCache::new(self.blocks.len())
+    }
+
+    /// The device the model lives on.
+    pub fn device(&self) -> B::Device {
+        self.rope_cos.device()
+    }
+
+    /// The model with every weight and the rotary tables in `dtype` (bf16/f16 compute on a
+    /// backend that supports it; attention scores and their softmax stay in f32).
+    pub fn with_dtype(self, dtype: FloatDType) -> Self {
+        struct Cast(FloatDType);
+        impl<B: Backend> ModuleMapper<B> for Cast {
+            fn map_float<const D: usize>(
+                &mut self,
+                param: Param<Tensor<B, D>>,
+            ) -> Param<Tensor<B, D>> {
+                let dtype = self.0;
+                param.map(|t| t.cast(dtype))
+            }
+        }
+        let mut model = self.map(&mut Cast(dtype));
+        model.rope_cos = model.rope_cos.cast(dtype);
+        model.rope_sin = model.rope_sin.cast(dtype);
+        model
     }
 
     /// Final hidden states (after the last RMSNorm) at explicit positions, optionally
@@ -640,7 +729,7 @@ impl<B: Backend> Transformer<B> {
     /// # Shapes
     /// - `positions`: `[batch, seq]`
     /// - outputs: `[batch, 1, seq, head_dim / 2]`
-    fn rotary_at(&self, positions: Tensor<B, 2, Int>) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    pub(crate) fn rotary_at(&self, positions: Tensor<B, 2, Int>) -> (Tensor<B, 4>, Tensor<B, 4>) {
         let [batch, seq] = positions.dims();
         let half = self.config.head_dim() / 2;
         // [batch * seq]
@@ -688,7 +777,7 @@ impl<B: Backend> Transformer<B> {
     /// - `cos`, `sin`: `[batch or 1, 1, seq, head_dim / 2]`
     /// - `bias`: `[batch or 1, 1, seq, cache_len + seq]` (f32)
     /// - output: `[batch, seq, d_model]`
-    fn forward_hidden(
+    pub(crate) fn forward_hidden(
         &self,
         tokens: Tensor<B, 2, Int>,
         cos: &Tensor<B, 4>,
@@ -705,7 +794,10 @@ impl<B: Backend> Transformer<B> {
         }
         let mut x = self.embedding.forward(tokens);
         for (i, block) in self.blocks.iter().enumerate() {
-            let layer = cache.as_deref_mut().map(|c| &mut c.layers[i]);
+            let layer = cache.as_deref_mut().map(|c| {
+                let reserve = c.reserve;
+                (&mut c.layers[i], reserve)
+            });
             x = block.forward(x, cos, sin, bias, layer);
         }
         self.norm.forward(x)
@@ -808,6 +900,8 @@ fn param_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<Vec<usize>> {
 }
 
 impl<B: Backend> CausalLm<B> for Transformer<B> {
+    type Contexts = Contexts<B>;
+
     /// Logits at positions `0..seq` of every row, causal mask only (right-padded rows).
     ///
     /// # Shapes
@@ -829,165 +923,28 @@ impl<B: Backend> CausalLm<B> for Transformer<B> {
         self.logits(hidden)
     }
 
-    /// Left-pads the prompts, prefills them in one pass, then decodes one token per step
-    /// for all rows with the KV cache; the LM head runs on the last position only and its
-    /// logits are read to the host once per step, where rows are sampled in row order.
-    ///
-    /// - A row ends after a stop token (kept, `stopped = true`) or after its token budget.
-    /// - Budgets never exceed the context: a row of prompt length `n` gets at most
-    ///   `max_seq_len − n` new tokens. A prompt of `max_seq_len` tokens or more keeps only
-    ///   its last `max_seq_len − 1` tokens (so at least one token can be generated).
-    /// - An empty prompt yields an empty generation.
-    /// - `temperature <= 0` is greedy; `top_p` is the nucleus mass (`>= 1` disables it).
+    fn contexts(&self, rows: usize) -> Contexts<B> {
+        Contexts::new(self, rows)
+    }
+
+    /// See [`crate::decode`]: reads each row's new tokens in one left-padded pass over its
+    /// cached positions, then samples one token per row per step with the KV cache (the LM
+    /// head on the last position only, its logits read to the host once per step and
+    /// sampled there in row order).
     ///
     /// On an autodiff backend this records a graph: generate with `model.valid()`.
     ///
     /// # Panics
-    /// If a prompt holds an id `>= vocab_size`.
-    fn generate(
+    /// If a token id is `>= vocab_size`, or a row is out of range, named twice or was dropped.
+    fn extend(
         &self,
-        prompts: &[Vec<u32>],
+        contexts: &mut Contexts<B>,
+        rows: &[usize],
+        appended: &[Vec<u32>],
         params: &SampleParams,
         rng: &mut Rng,
     ) -> Vec<Generation> {
-        let max_seq_len = self.config.max_seq_len;
-        let vocab = self.config.vocab_size;
-        // Prompts within the context, and each row's token budget.
-        let rows: Vec<&[u32]> = prompts
-            .iter()
-            .map(|p| {
-                let keep = p.len().min(max_seq_len.saturating_sub(1));
-                &p[p.len() - keep..]
-            })
-            .collect();
-        for row in &rows {
-            if let Some(&bad) = row.iter().find(|&&id| id as usize >= vocab) {
-                panic!("prompt token id {bad} is outside the vocabulary of size {vocab}");
-            }
-        }
-        let budgets: Vec<usize> = rows
-            .iter()
-            .map(|r| {
-                if r.is_empty() {
-                    0
-                } else {
-                    params.max_new_tokens.min(max_seq_len - r.len())
-                }
-            })
-            .collect();
-        let mut out: Vec<Generation> = rows
-            .iter()
-            .map(|_| Generation {
-                tokens: Vec::new(),
-                logprobs: Vec::new(),
-                stopped: false,
-            })
-            .collect();
-        let steps = budgets.iter().copied().max().unwrap_or(0);
-        if steps == 0 {
-            return out;
-        }
-
-        let batch = rows.len();
-        let prompt_len = rows.iter().map(|r| r.len()).max().unwrap_or(0);
-        let total = prompt_len + steps;
-        let device = self.rope_cos.device();
-
-        // Host-built inputs for the whole call: left-padded prompt tokens, per-row
-        // positions and the key-padding bias over every position the call will use.
-        let mut tokens = Vec::with_capacity(batch * prompt_len);
-        let mut positions = Vec::with_capacity(batch * total);
-        let mut key_bias = Vec::with_capacity(batch * total);
-        for row in &rows {
-            let pads = prompt_len - row.len();
-            tokens.extend(std::iter::repeat_n(PAD_ID, pads));
-            tokens.extend(row.iter().map(|&id| i64::from(id)));
-            for i in 0..total {
-                // Positions past a row's budget are never used; clamp them into the table.
-                positions.push(i.saturating_sub(pads).min(max_seq_len - 1) as i64);
-                key_bias.push(if i < pads { MASKED } else { 0.0 });
-            }
-        }
-        let tokens =
-            Tensor::<B, 2, Int>::from_data(TensorData::new(tokens, [batch, prompt_len]), &device);
-        let positions =
-            Tensor::<B, 2, Int>::from_data(TensorData::new(positions, [batch, total]), &device);
-        // [batch, 1, 1, total]
-        let key_bias = Tensor::<B, 4>::from_data(
-            TensorData::new(key_bias, [batch, 1, 1, total]),
-            (&device, DType::F32),
-        );
-        // Rotary angles of every position of the call, gathered once: [batch, 1, total, half]
-        let (cos_all, sin_all) = self.rotary_at(positions);
-
-        let mut cache = self.new_cache();
-        let mut sampler = Sampler::default();
-        let mut finished: Vec<bool> = budgets.iter().map(|&b| b == 0).collect();
-        let mut next = vec![PAD_ID; batch];
-
-        for step in 0..steps {
-            let hidden = if step == 0 {
-                let bias = combine_bias(
-                    causal_bias::<B>(0, prompt_len, &device),
-                    Some(key_bias.clone().narrow(3, 0, prompt_len)),
-                );
-                let hidden = self.forward_hidden(
-                    tokens.clone(),
-                    &cos_all.clone().narrow(2, 0, prompt_len),
-                    &sin_all.clone().narrow(2, 0, prompt_len),
-                    bias.as_ref(),
-                    Some(&mut cache),
-                );
-                // [batch, 1, d_model]
-                hidden.narrow(1, prompt_len - 1, 1)
-            } else {
-                let at = prompt_len + step - 1;
-                let fed = Tensor::<B, 2, Int>::from_data(
-                    TensorData::new(next.clone(), [batch, 1]),
-                    &device,
-                );
-                let bias = key_bias.clone().narrow(3, 0, at + 1);
-                self.forward_hidden(
-                    fed,
-                    &cos_all.clone().narrow(2, at, 1),
-                    &sin_all.clone().narrow(2, at, 1),
-                    Some(&bias),
-                    Some(&mut cache),
-                )
-            };
-            // [batch, 1, vocab] -> [batch, vocab]
-            let logits: Vec<f32> = self
-                .logits(hidden)
-                .reshape([batch, vocab])
-                .into_data()
-                .iter::<f32>()
-                .collect();
-            for (r, gen_row) in out.iter_mut().enumerate() {
-                if finished[r] {
-                    next[r] = PAD_ID;
-                    continue;
-                }
-                let (id, logprob) = sampler.sample(
-                    &logits[r * vocab..(r + 1) * vocab],
-                    params.temperature,
-                    params.top_p,
-                    rng,
-                );
-                gen_row.tokens.push(id);
-                gen_row.logprobs.push(logprob);
-                next[r] = i64::from(id);
-                if params.stop_tokens.contains(&id) {
-                    gen_row.stopped = true;
-                    finished[r] = true;
-                } else if gen_row.tokens.len() >= budgets[r] {
-                    finished[r] = true;
-                }
-            }
-            if finished.iter().all(|&f| f) {
-                break;
-            }
-        }
-        out
+        decode::extend(self, contexts, rows, appended, params, rng)
     }
 
     fn max_seq_len(&self) -> usize {
@@ -1613,24 +1570,114 @@ mod tests {
         }
     }
 
-    /// `cargo test -p rlany-models -- --ignored --nocapture generate_timing`
     #[test]
-    #[ignore = "timing, run by hand"]
-    fn generate_timing() {
-        let config = TransformerConfig::new(100, 64, 2, 4, 2, 128, 64);
-        let model = model(&config, 1);
-        let prompts: Vec<Vec<u32>> = (0..64)
-            .map(|r| (0..8).map(|i| 5 + ((r * 7 + i * 3) % 90) as u32).collect())
-            .collect();
-        let p = params(1.0, 0.95, 24, vec![]);
-        model.generate(&prompts, &p, &mut Rng::new(0));
-        let runs = 5;
-        let start = std::time::Instant::now();
-        for seed in 0..runs {
-            let g = model.generate(&prompts, &p, &mut Rng::new(seed));
-            assert!(g.iter().all(|g| g.tokens.len() == 24));
+    fn turns_on_kept_contexts_equal_generation_from_the_whole_context() {
+        for (config, temperature) in [(tiny(), 0.0), (tiny().with_qkv_bias(true), 1.0)] {
+            let model = model(&config, 28);
+            // Rows stop at different steps; row 2 leaves after the first turn.
+            let p = params(temperature, 1.0, 6, vec![4, 9]);
+            let appends: [Vec<Vec<u32>>; 3] = [
+                prompts(),
+                vec![vec![30, 31, 32], vec![33], vec![], vec![34, 35, 36, 37, 38]],
+                vec![vec![40], vec![41, 42, 43, 44, 45, 46, 47], vec![], vec![48]],
+            ];
+            let turn_rows: [Vec<usize>; 3] = [vec![0, 1, 2, 3], vec![0, 1, 3], vec![3, 0, 1]];
+            let mut contexts = model.contexts(4);
+            let mut whole: Vec<Vec<u32>> = vec![Vec::new(); 4];
+            let mut rng = Rng::new(5);
+            for (turn, rows) in turn_rows.iter().enumerate() {
+                let appended: Vec<Vec<u32>> =
+                    rows.iter().map(|&r| appends[turn][r].clone()).collect();
+                // The reference: each row alone, from its whole context, with the draws it
+                // takes in the batched call (rows draw in call order, one per sampled token).
+                let before = rng.clone();
+                let gens = model.extend(&mut contexts, rows, &appended, &p, &mut rng);
+                assert!(contexts.cached_len() > 0);
+                let mut replay = before;
+                let mut draws: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
+                let longest = gens.iter().map(|g| g.tokens.len()).max().unwrap_or(0);
+                for step in 0..longest {
+                    for (k, g) in gens.iter().enumerate() {
+                        if step < g.tokens.len() && temperature > 0.0 {
+                            draws[k].push(replay.uniform());
+                        }
+                    }
+                }
+                assert_eq!(replay, rng, "one draw per sampled token");
+                for (k, (&r, g)) in rows.iter().zip(&gens).enumerate() {
+                    whole[r].extend(&appended[k]);
+                    let alone = if temperature > 0.0 {
+                        // Replays row k's own uniforms through a stream that yields them.
+                        let mut fake = FixedUniforms(draws[k].clone());
+                        fake.generate(&model, &whole[r], &p)
+                    } else {
+                        model
+                            .generate(std::slice::from_ref(&whole[r]), &p, &mut Rng::new(0))
+                            .remove(0)
+                    };
+                    assert_eq!(alone.tokens, g.tokens, "turn {turn} row {r}");
+                    assert_eq!(alone.stopped, g.stopped);
+                    assert!(max_abs_diff(&alone.logprobs, &g.logprobs) <= 1e-4);
+                    whole[r].extend(&g.tokens);
+                }
+            }
+            assert!(
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    model.extend(&mut contexts, &[2], &[vec![5]], &p, &mut Rng::new(1))
+                }))
+                .is_err(),
+                "a dropped row cannot come back"
+            );
         }
-        let per = start.elapsed().as_secs_f64() / runs as f64;
-        println!("generate 64 x 8 + 24: {:.1} ms per call", per * 1e3);
+    }
+
+    /// Sampling one row with given uniforms: token by token through full forwards, by the
+    /// same inverse-CDF rule as the sampler.
+    struct FixedUniforms(Vec<f64>);
+    impl FixedUniforms {
+        fn generate(
+            &mut self,
+            model: &Transformer<B>,
+            context: &[u32],
+            p: &SampleParams,
+        ) -> Generation {
+            let mut ctx = context.to_vec();
+            let mut g = Generation {
+                tokens: Vec::new(),
+                logprobs: Vec::new(),
+                stopped: false,
+            };
+            for u in self.0.drain(..) {
+                let logits = row_logits(model, &ctx);
+                let last = &logits[logits.len() - 1];
+                let max = last.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+                let probs: Vec<f64> = last
+                    .iter()
+                    .map(|&l| ((l as f64 - max) / p.temperature).exp())
+                    .collect();
+                let total: f64 = probs.iter().sum();
+                let (mut acc, mut id) = (0.0, probs.len() - 1);
+                for (i, q) in probs.iter().enumerate() {
+                    acc += q;
+                    if acc > u * total {
+                        id = i;
+                        break;
+                    }
+                }
+                let lse = last
+                    .iter()
+                    .map(|&l| (l as f64 - max).exp())
+                    .sum::<f64>()
+                    .ln()
+                    + max;
+                g.tokens.push(id as u32);
+                g.logprobs.push((last[id] as f64 - lse) as f32);
+                ctx.push(id as u32);
+                if p.stop_tokens.contains(&(id as u32)) {
+                    g.stopped = true;
+                }
+            }
+            g
+        }
     }
 }

@@ -49,6 +49,13 @@ pub fn read_bench(path: &Path) -> Result<BenchFile, ReportError> {
     };
     let text = fs::read_to_string(path).map_err(io(path))?;
     let v: Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    if v.get("results").is_none() && v.get("torch").is_some() {
+        return Ok(BenchFile {
+            label: "PyTorch".into(),
+            path: path.to_path_buf(),
+            rows: torch_anchor_rows(&v),
+        });
+    }
     let results = v
         .get("results")
         .and_then(Value::as_array)
@@ -85,6 +92,70 @@ pub fn read_bench(path: &Path) -> Result<BenchFile, ReportError> {
         path: path.to_path_buf(),
         rows,
     })
+}
+
+/// The rows of the PyTorch anchor's flat JSON (`torch_anchor.py`): `R_<model>_ms` and
+/// `T_<model>_ms` (variant `eager`), `K1_fwd_<eager|compiled>_V<v>_<float32|bfloat16>_ms`
+/// and the same for `K1_fwdbwd` and `K2_fwd` (named as ours: `K1_fwd_V<v>_<f32|bf16>`), and
+/// `<name>_error` entries as failed rows.
+fn torch_anchor_rows(v: &Value) -> Vec<BenchRow> {
+    let Some(map) = v.as_object() else {
+        return Vec::new();
+    };
+    let dtype = |d: &str| match d {
+        "float32" => "f32".to_string(),
+        "bfloat16" => "bf16".to_string(),
+        "float16" => "f16".to_string(),
+        other => other.to_string(),
+    };
+    let mut rows = Vec::new();
+    for (key, val) in map {
+        if let Some(stem) = key.strip_suffix("_ms") {
+            let ms = val.as_f64();
+            let model = stem
+                .strip_prefix("R_")
+                .map(|m| ("R_", m))
+                .or_else(|| stem.strip_prefix("T_").map(|m| ("T_", m)));
+            if let Some((kind, m)) = model {
+                rows.push(BenchRow {
+                    name: format!("{kind}{m}"),
+                    variant: Some("eager".into()),
+                    ms,
+                    error: None,
+                });
+                continue;
+            }
+            for workload in ["K1_fwdbwd", "K1_fwd", "K2_fwd"] {
+                let Some(rest) = stem
+                    .strip_prefix(workload)
+                    .and_then(|r| r.strip_prefix('_'))
+                else {
+                    continue;
+                };
+                // <eager|compiled>_V<v>_<dtype>
+                let mut parts = rest.splitn(3, '_');
+                if let (Some(variant), Some(vocab), Some(dt)) =
+                    (parts.next(), parts.next(), parts.next())
+                {
+                    rows.push(BenchRow {
+                        name: format!("{workload}_{vocab}_{}", dtype(dt)),
+                        variant: Some(variant.to_string()),
+                        ms,
+                        error: None,
+                    });
+                }
+                break;
+            }
+        } else if let Some(stem) = key.strip_suffix("_error") {
+            rows.push(BenchRow {
+                name: stem.to_string(),
+                variant: Some("eager".into()),
+                ms: None,
+                error: val.as_str().map(str::to_string),
+            });
+        }
+    }
+    rows
 }
 
 fn file_stem(path: &Path) -> String {
@@ -182,6 +253,48 @@ impl BenchComparison {
             out += "\n";
         }
         out
+    }
+}
+
+impl BenchComparison {
+    /// Speed-ups against the series whose label starts with `reference` (e.g. `PyTorch ·
+    /// eager`): `reference ms / series ms` per workload and series (> 1: faster than the
+    /// reference). `None` when no series matches.
+    pub fn speedups_markdown(&self, reference: &str) -> Option<String> {
+        let refs: Vec<usize> = (0..self.series.len())
+            .filter(|&s| self.series[s].starts_with(reference))
+            .collect();
+        if refs.is_empty() {
+            return None;
+        }
+        let others: Vec<usize> = (0..self.series.len())
+            .filter(|s| !refs.contains(s))
+            .collect();
+        let mut out = String::from("| workload |");
+        let mut rule = String::from("|---|");
+        for &o in &others {
+            for &r in &refs {
+                out += &format!(" {} vs {} |", self.series[o], self.series[r]);
+                rule += "---:|";
+            }
+        }
+        out = out + "\n" + &rule + "\n";
+        for (w, row) in self.workloads.iter().zip(&self.ms) {
+            if refs.iter().all(|&r| row[r].is_none()) {
+                continue;
+            }
+            out += &format!("| {w} |");
+            for &o in &others {
+                for &r in &refs {
+                    out += &match (row[r], row[o]) {
+                        (Some(a), Some(b)) => format!(" {:.2}× |", a / b),
+                        _ => " – |".into(),
+                    };
+                }
+            }
+            out += "\n";
+        }
+        Some(out)
     }
 }
 
@@ -434,6 +547,49 @@ mod tests {
             md.contains("| K1_fwd_V32000_f32 | **0.5000** | 1.500 | 0.7500 |"),
             "{md}"
         );
+        // The PyTorch anchor's flat file, named as ours, with speed-ups against it.
+        let t = d.join("torch_anchor.json");
+        fs::write(
+            &t,
+            r#"{"torch":"2.9","gpu":"H200","R_small_ms":1200.0,"R_small_gen_tok_per_s":40960.0,
+                "K1_fwd_eager_V32000_float32_ms":1.0,"K1_fwd_compiled_V32000_float32_ms":0.25,
+                "K1_fwdbwd_eager_V32000_bfloat16_ms":2.0,"qwen05b_error":"OOM"}"#,
+        )
+        .expect("write");
+        let torch = read_bench(&t).expect("anchor");
+        assert_eq!(torch.label, "PyTorch");
+        let mut names: Vec<(String, Option<String>, Option<f64>)> = torch
+            .rows
+            .iter()
+            .map(|r| (r.name.clone(), r.variant.clone(), r.ms))
+            .collect();
+        names.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+        let s = |x: &str| Some(x.to_string());
+        assert_eq!(
+            names,
+            vec![
+                ("K1_fwd_V32000_f32".into(), s("compiled"), Some(0.25)),
+                ("K1_fwd_V32000_f32".into(), s("eager"), Some(1.0)),
+                ("K1_fwdbwd_V32000_bf16".into(), s("eager"), Some(2.0)),
+                ("R_small".into(), s("eager"), Some(1200.0)),
+                ("qwen05b".into(), s("eager"), None),
+            ]
+        );
+        let ours = d.join("ours.json");
+        fs::write(
+            &ours,
+            r#"{"backend":"cuda","results":[{"name":"K1_fwd_V32000_f32","variant":"fused","median_ms":0.5},
+                {"name":"R_small","variant":"rlany","median_ms":600.0}]}"#,
+        )
+        .expect("write");
+        let cmp = BenchComparison::build(&read_benches(&[ours, t]).expect("read"));
+        let sp = cmp.speedups_markdown("PyTorch").expect("reference present");
+        assert!(
+            sp.contains("| K1_fwd_V32000_f32 | 0.50× | 2.00× | – | – |"),
+            "{sp}"
+        );
+        assert!(sp.contains("| R_small | – | – | – | 2.00× |"), "{sp}");
+        assert!(cmp.speedups_markdown("nobody").is_none());
         let bad = d.join("bad.json");
         fs::write(&bad, r#"{"rows":[]}"#).expect("write");
         assert!(

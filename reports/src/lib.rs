@@ -225,11 +225,15 @@ fn report_markdown(p: &ReportParts<'_>) -> String {
             .map(|f| format!("`{}` = {}", f.label, f.path.display()))
             .collect();
         md += &format!(
-            "*Median time per call of each kernel workload, one bar per file and variant (log scale; a missing bar: absent or failed). Files: {}.*\n\n",
+            "*Median time per call of each workload (kernels: one call; R_: one rollout; T_: one PPO step), one bar per file and variant (log scale; a missing bar: absent or failed). Files: {}.*\n\n",
             names.join(", ")
         );
         md += &cmp.markdown();
         md += "\nBold: fastest of the row.\n";
+        if let Some(sp) = cmp.speedups_markdown("PyTorch") {
+            md += "\nSpeed-up against PyTorch (its time / ours: above 1 is faster than PyTorch), measured in the same run:\n\n";
+            md += &sp;
+        }
     }
     md
 }

@@ -30,6 +30,13 @@ where
         Some(R::client(device).properties().memory.max_page_size)
     }
 
+    fn device_memory_reserved(device: &Self::Device) -> Option<u64> {
+        R::client(device)
+            .memory_usage()
+            .ok()
+            .map(|m| m.bytes_reserved)
+    }
+
     fn token_logprobs(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
         token_logprobs_fwd(logits, targets).0
     }

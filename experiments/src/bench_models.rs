@@ -1,0 +1,512 @@
+//! `rlany bench --models`: the model workloads of kernels/BENCH.md, run through the code the
+//! training loop runs — the rollout through `CausalLm::generate` (KV cache, host sampling
+//! from the run's stream), the PPO step through the framework's token log-probs, PPO loss,
+//! global-norm clip and AdamW.
+//!
+//! | workload | work |
+//! |---|---|
+//! | `R_<model>` | rollout: `batch` rows, a prompt of `prompt` random tokens, `sampled` tokens sampled (temperature 1, no stop token); generated tokens/s |
+//! | `T_<model>` | one PPO step on `[batch, seq + 1]` random tokens against given old log-probs (clip ε 0.2, 0.01·K3 KL, grad-norm clip 1.0, AdamW); trained tokens/s |
+//!
+//! Models (Llama-style, QKV bias, untied head, RoPE θ 10⁴, RMSNorm ε 10⁻⁶): `small` (V 4096,
+//! d 512, 8 layers, 8/8 heads, FFN 1408, f32), `qwen05b` (V 151936, d 896, 24 layers, 14/2
+//! heads, FFN 4864, bf16) and the CPU's `tiny` (V 64, d 128, 4 layers, 4/4 heads, FFN 384).
+//! The full sizes are for a GPU. `--quick` runs reduced batches and lengths on `small` and
+//! the tiny workloads (`C_tiny_T` at its full size) — a minute on a CPU; its rows are named
+//! `…@quick` so they are never set beside full-size numbers.
+//!
+//! Timing: one warm-up run, the device synchronised before each clock read, the median of
+//! the repeats; `device_reserved_bytes` is what the backend's memory pools hold after the
+//! workload (their peak), where the backend reports it.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use burn::optim::AdamWConfig;
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Distribution, FloatDType};
+use rlany_framework::batch::{host_tensor, sequence_logprobs, token_batch};
+use rlany_framework::ppo::loss::{KlTerm, SampledKl, ppo_loss};
+use rlany_framework::{CausalLm, Rng, SampleParams};
+use rlany_kernels::{AutodiffLogProbOps, KernelChoice, LogProbOps};
+use rlany_models::{Transformer, TransformerConfig};
+
+/// A model shape of the benchmark.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Shape {
+    pub name: &'static str,
+    pub vocab: usize,
+    pub d_model: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub ffn: usize,
+    /// The dtype the workload is defined in.
+    pub dtype: FloatDType,
+}
+
+pub(crate) const SMALL: Shape = Shape {
+    name: "small",
+    vocab: 4096,
+    d_model: 512,
+    layers: 8,
+    heads: 8,
+    kv_heads: 8,
+    ffn: 1408,
+    dtype: FloatDType::F32,
+};
+
+pub(crate) const QWEN05B: Shape = Shape {
+    name: "qwen05b",
+    vocab: 151_936,
+    d_model: 896,
+    layers: 24,
+    heads: 14,
+    kv_heads: 2,
+    ffn: 4864,
+    dtype: FloatDType::BF16,
+};
+
+pub(crate) const TINY: Shape = Shape {
+    name: "tiny",
+    vocab: 64,
+    d_model: 128,
+    layers: 4,
+    heads: 4,
+    kv_heads: 4,
+    ffn: 384,
+    dtype: FloatDType::F32,
+};
+
+/// What one workload does.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Work {
+    /// `batch` rows, `prompt` random tokens, `sampled` tokens sampled each.
+    Rollout {
+        batch: usize,
+        prompt: usize,
+        sampled: usize,
+    },
+    /// One PPO step on `[batch, seq + 1]` tokens.
+    Train { batch: usize, seq: usize },
+}
+
+/// One named workload.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Workload {
+    pub name: String,
+    pub shape: Shape,
+    pub work: Work,
+}
+
+/// The workloads: BENCH.md's full sizes, or the CPU's `--quick` ones.
+pub(crate) fn workloads(quick: bool) -> Vec<Workload> {
+    let w = |name: &str, shape: Shape, work: Work| Workload {
+        name: name.to_string(),
+        shape,
+        work,
+    };
+    if quick {
+        vec![
+            w(
+                "R_small@quick",
+                SMALL,
+                Work::Rollout {
+                    batch: 16,
+                    prompt: 64,
+                    sampled: 32,
+                },
+            ),
+            w("T_small@quick", SMALL, Work::Train { batch: 4, seq: 128 }),
+            w(
+                "C_tiny_R@quick",
+                TINY,
+                Work::Rollout {
+                    batch: 64,
+                    prompt: 32,
+                    sampled: 64,
+                },
+            ),
+            w(
+                "C_tiny_T",
+                TINY,
+                Work::Train {
+                    batch: 32,
+                    seq: 128,
+                },
+            ),
+        ]
+    } else {
+        vec![
+            w(
+                "R_small",
+                SMALL,
+                Work::Rollout {
+                    batch: 256,
+                    prompt: 64,
+                    sampled: 192,
+                },
+            ),
+            w(
+                "T_small",
+                SMALL,
+                Work::Train {
+                    batch: 64,
+                    seq: 256,
+                },
+            ),
+            w(
+                "R_qwen05b",
+                QWEN05B,
+                Work::Rollout {
+                    batch: 128,
+                    prompt: 128,
+                    sampled: 128,
+                },
+            ),
+            w(
+                "T_qwen05b",
+                QWEN05B,
+                Work::Train {
+                    batch: 16,
+                    seq: 512,
+                },
+            ),
+            w(
+                "C_tiny_T",
+                TINY,
+                Work::Train {
+                    batch: 32,
+                    seq: 128,
+                },
+            ),
+        ]
+    }
+}
+
+impl Shape {
+    /// Our decoder with this shape, context `max_seq_len`.
+    pub(crate) fn config(&self, max_seq_len: usize) -> TransformerConfig {
+        TransformerConfig::new(
+            self.vocab,
+            self.d_model,
+            self.layers,
+            self.heads,
+            self.kv_heads,
+            self.ffn,
+            max_seq_len,
+        )
+        .with_qkv_bias(true)
+        .with_tie_embeddings(false)
+        .with_norm_eps(1e-6)
+        .with_rope_theta(10_000.0)
+    }
+}
+
+impl Work {
+    /// Tokens the workload produces (rollout: generated) or trains on.
+    pub(crate) fn tokens(&self) -> usize {
+        match *self {
+            Work::Rollout { batch, sampled, .. } => batch * sampled,
+            Work::Train { batch, seq } => batch * seq,
+        }
+    }
+
+    /// The context the model needs.
+    fn max_seq_len(&self) -> usize {
+        match *self {
+            Work::Rollout {
+                prompt, sampled, ..
+            } => prompt + sampled,
+            Work::Train { seq, .. } => seq + 1,
+        }
+    }
+}
+
+/// One measured workload.
+#[derive(Debug, Clone)]
+pub(crate) struct ModelRow {
+    pub name: String,
+    pub dtype: &'static str,
+    pub ms: Option<f64>,
+    pub tokens: usize,
+    pub reserved: Option<u64>,
+    pub error: Option<String>,
+}
+
+/// Runs the model workloads on backend `B` and returns their rows.
+pub(crate) fn run<B>(
+    device: &B::Device,
+    quick: bool,
+    dtype: Option<FloatDType>,
+    reps: usize,
+    only: &[String],
+) -> Result<Vec<ModelRow>>
+where
+    B: AutodiffBackend + AutodiffLogProbOps,
+    B::InnerBackend: LogProbOps,
+{
+    let mut rows = Vec::new();
+    for wl in workloads(quick) {
+        if !only.is_empty() && !only.iter().any(|o| wl.name.starts_with(o.as_str())) {
+            continue;
+        }
+        let dt = dtype.unwrap_or(wl.shape.dtype);
+        let dname = super::bench::dtype_name(dt);
+        if !<B::InnerBackend as Backend>::supports_dtype(device, dt.into()) {
+            eprintln!(
+                "skipped {} {dname}: dtype not supported by {}",
+                wl.name,
+                B::name(device)
+            );
+            continue;
+        }
+        eprintln!("{} ({dname}) …", wl.name);
+        let result = super::bench::guarded(|| match wl.work {
+            Work::Rollout {
+                batch,
+                prompt,
+                sampled,
+            } => rollout::<B::InnerBackend>(device, &wl, dt, batch, prompt, sampled, reps),
+            Work::Train { batch, seq } => train::<B>(device, &wl, dt, batch, seq, reps),
+        });
+        let (ms, error) = match result {
+            Ok(ms) => (Some(ms), None),
+            Err(e) => (None, Some(format!("{e:#}"))),
+        };
+        rows.push(ModelRow {
+            name: wl.name.clone(),
+            dtype: dname,
+            ms,
+            tokens: wl.work.tokens(),
+            reserved: B::device_memory_reserved(device),
+            error,
+        });
+    }
+    Ok(rows)
+}
+
+/// A model of `wl`'s shape, its weights from a fixed seed.
+fn model<B: Backend>(
+    device: &B::Device,
+    wl: &Workload,
+    dtype: FloatDType,
+) -> Result<Transformer<B>> {
+    let model = wl
+        .shape
+        .config(wl.work.max_seq_len())
+        .init_seeded::<B>(device, &mut Rng::new(7))
+        .with_context(|| format!("model of {}", wl.name))?;
+    Ok(if dtype == FloatDType::F32 {
+        model
+    } else {
+        model.with_dtype(dtype)
+    })
+}
+
+/// Median ms of `reps` rollouts (one warm-up first).
+fn rollout<B: Backend>(
+    device: &B::Device,
+    wl: &Workload,
+    dtype: FloatDType,
+    batch: usize,
+    prompt: usize,
+    sampled: usize,
+    reps: usize,
+) -> Result<f64> {
+    let model = model::<B>(device, wl, dtype)?;
+    let mut rng = Rng::new(11);
+    let prompts: Vec<Vec<u32>> = (0..batch)
+        .map(|_| {
+            (0..prompt)
+                .map(|_| rng.below(wl.shape.vocab) as u32)
+                .collect()
+        })
+        .collect();
+    let params = SampleParams {
+        temperature: 1.0,
+        top_p: 1.0,
+        max_new_tokens: sampled,
+        stop_tokens: Vec::new(),
+    };
+    super::bench::median_ms::<B, _>(device, 1, reps, || {
+        let gens = model.generate(&prompts, &params, &mut rng);
+        debug_assert!(gens.iter().all(|g| g.tokens.len() == sampled));
+        gens
+    })
+}
+
+/// Median ms of `reps` PPO steps (one warm-up first).
+fn train<B>(
+    device: &B::Device,
+    wl: &Workload,
+    dtype: FloatDType,
+    batch: usize,
+    seq: usize,
+    reps: usize,
+) -> Result<f64>
+where
+    B: AutodiffBackend + AutodiffLogProbOps,
+{
+    let mut model = Some(model::<B>(device, wl, dtype)?);
+    let mut optim = AdamWConfig::new().init::<B, Transformer<B>>();
+    let mut rng = Rng::new(13);
+    let seqs: Vec<Vec<u32>> = (0..batch)
+        .map(|_| {
+            (0..=seq)
+                .map(|_| rng.below(wl.shape.vocab) as u32)
+                .collect()
+        })
+        .collect();
+    let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+    let tokens = token_batch::<B>(&refs, 0, seq + 1, device);
+    // Old log-probs in (−5, 0], one advantage per row, every token weighted 1 / (B·T).
+    let old = Tensor::<B, 2>::random([batch, seq], Distribution::Uniform(-5.0, 0.0), device);
+    let adv_rows: Vec<f32> = (0..batch).map(|_| rng.normal() as f32).collect();
+    let adv: Vec<f32> = adv_rows
+        .iter()
+        .flat_map(|&a| std::iter::repeat_n(a, seq))
+        .collect();
+    let adv = host_tensor::<B>(adv, batch, seq, device);
+    let weight = host_tensor::<B>(
+        vec![1.0 / (batch * seq) as f32; batch * seq],
+        batch,
+        seq,
+        device,
+    );
+    let mut times = Vec::with_capacity(reps);
+    for i in 0..=reps {
+        B::sync(device).map_err(|e| anyhow::anyhow!("device sync: {e}"))?;
+        let start = Instant::now();
+        let m = model.take().context("model")?;
+        let new_lp = sequence_logprobs(&m, &tokens, KernelChoice::Fused);
+        let out = ppo_loss(
+            new_lp,
+            old.clone(),
+            KlTerm::Sampled {
+                target_lp: old.clone(),
+                estimator: SampledKl::K3,
+            },
+            adv.clone(),
+            weight.clone(),
+            0.2,
+            0.01,
+        );
+        let (m, _norm) = rlany_framework::ppo::clip::step(m, &mut optim, out.loss, 1e-5, 1.0);
+        model = Some(m);
+        B::sync(device).map_err(|e| anyhow::anyhow!("device sync: {e}"))?;
+        if i > 0 {
+            times.push(start.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_full_workloads_are_bench_md_s() {
+        let full = workloads(false);
+        let get = |n: &str| full.iter().find(|w| w.name == n).expect(n).clone();
+        let small = get("R_small");
+        assert_eq!(
+            (
+                small.shape.vocab,
+                small.shape.d_model,
+                small.shape.layers,
+                small.shape.heads,
+                small.shape.kv_heads,
+                small.shape.ffn,
+                small.shape.dtype
+            ),
+            (4096, 512, 8, 8, 8, 1408, FloatDType::F32)
+        );
+        assert_eq!(
+            small.work,
+            Work::Rollout {
+                batch: 256,
+                prompt: 64,
+                sampled: 192
+            }
+        );
+        assert_eq!(
+            get("T_small").work,
+            Work::Train {
+                batch: 64,
+                seq: 256
+            }
+        );
+        let q = get("R_qwen05b");
+        assert_eq!(
+            (
+                q.shape.vocab,
+                q.shape.d_model,
+                q.shape.layers,
+                q.shape.heads,
+                q.shape.kv_heads,
+                q.shape.ffn,
+                q.shape.dtype
+            ),
+            (151_936, 896, 24, 14, 2, 4864, FloatDType::BF16)
+        );
+        assert_eq!(
+            q.work,
+            Work::Rollout {
+                batch: 128,
+                prompt: 128,
+                sampled: 128
+            }
+        );
+        assert_eq!(
+            get("T_qwen05b").work,
+            Work::Train {
+                batch: 16,
+                seq: 512
+            }
+        );
+        let tiny = get("C_tiny_T");
+        assert_eq!(
+            (
+                tiny.shape.vocab,
+                tiny.shape.d_model,
+                tiny.shape.layers,
+                tiny.shape.heads,
+                tiny.shape.ffn
+            ),
+            (64, 128, 4, 4, 384)
+        );
+        assert_eq!(
+            tiny.work,
+            Work::Train {
+                batch: 32,
+                seq: 128
+            }
+        );
+        // Quick rows never share a name with a full-size row (C_tiny_T is the same work).
+        for w in workloads(true) {
+            assert!(
+                w.name.ends_with("@quick") || full.contains(&w),
+                "{}",
+                w.name
+            );
+        }
+        // The models are the decoder BENCH.md describes: QKV bias, untied head.
+        let c = SMALL.config(256);
+        assert!(c.qkv_bias && !c.tie_embeddings && c.norm_eps == 1e-6 && c.rope_theta == 10_000.0);
+        // Our decoder at `small`'s shape has the parameters of PyTorch's anchor model:
+        // per layer q/k/v (d² + d each), o (d²), gate/up/down (3·d·ffn), two norms (2·d);
+        // embedding and head (2·V·d); the final norm (d).
+        let d = 512;
+        let per_layer = 3 * (d * d + d) + d * d + 3 * d * 1408 + 2 * d;
+        let hand = 8 * per_layer + 2 * 4096 * d + d;
+        assert_eq!(hand, 29_905_408);
+        let built = SMALL
+            .config(256)
+            .init::<burn::backend::NdArray>(&Default::default());
+        assert_eq!(built.expect("valid").num_params(), hand);
+    }
+}

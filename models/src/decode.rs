@@ -1,0 +1,318 @@
+//! Batched sampling from a [`Transformer`] over contexts that grow turn by turn.
+//!
+//! A multi-turn rollout alternates: the policy writes a step, the environment answers, the
+//! policy writes the next step. [`Contexts`] keeps the K/V of every position a row has read,
+//! so each turn reads only what is new (the observation; the last generated token) instead
+//! of the whole context again. One call ([`CausalLm::extend`]):
+//!
+//! 1. **Rows.** The rows named in the call go on, in the call's order; every other row is
+//!    dropped (its K/V are released) and may not be named again. The cache is compacted to
+//!    the named rows by one row gather per layer.
+//! 2. **Read.** Each row's new tokens (its unread last generated token, then what the call
+//!    appends) are left-padded to one chunk and read in one pass over the cache. A pad is a
+//!    key masked for every later query, so rows of different lengths share one tensor; each
+//!    real token sits at its row's own next rotary position.
+//! 3. **Sample.** One token per row per step with the KV cache, read to the host once per
+//!    step for the whole batch and sampled there in row order ([`Sampler`], one uniform
+//!    per sampled token from the caller's stream). A row stops after a stop token or its
+//!    budget; a stopped row is fed padding, masked like any pad.
+//!
+//! A row's budget is `min(max_new_tokens, max_seq_len − its length after reading)`. A row
+//! with no budget (nothing to read, or no room for one token) gets an empty generation and
+//! is dropped. On a fresh row a prompt of `max_seq_len` tokens or more keeps only its last
+//! `max_seq_len − 1` tokens, so at least one token can be generated.
+//!
+//! The first call on fresh contexts computes exactly what one pass over the left-padded
+//! prompts followed by cached decoding computes (the `generate` of earlier versions).
+
+use burn::prelude::*;
+use burn::tensor::{DType, FloatDType};
+use rlany_framework::sampling::Sampler;
+use rlany_framework::{Generation, Rng, SampleParams};
+
+use crate::transformer::{KvCache, MASKED, PAD_ID, Transformer, causal_bias, combine_bias};
+
+/// The contexts of a batch of rows, kept between [`CausalLm::extend`] calls.
+///
+/// [`CausalLm::extend`]: rlany_framework::CausalLm::extend
+#[derive(Debug)]
+pub struct Contexts<B: Backend> {
+    /// Row ids in cache order (the batch dimension of `cache` and `bias`).
+    ids: Vec<usize>,
+    /// Per cached row: the next rotary position (the real tokens it has read).
+    next_pos: Vec<usize>,
+    /// Per cached row: its last generated token, not read yet.
+    pending: Vec<Option<u32>>,
+    /// Per row id: dropped by an earlier call.
+    dropped: Vec<bool>,
+    /// K/V of every cached position: `[rows, kv_heads, len, head_dim]` per layer.
+    cache: KvCache<B>,
+    /// Additive key bias of every cached position, 0 or [`MASKED`]: `[rows, 1, 1, len]`;
+    /// `None` while nothing is cached.
+    bias: Option<Tensor<B, 4>>,
+}
+
+impl<B: Backend> Contexts<B> {
+    /// `rows` empty contexts for `model`.
+    pub(crate) fn new(model: &Transformer<B>, rows: usize) -> Self {
+        Self {
+            ids: (0..rows).collect(),
+            next_pos: vec![0; rows],
+            pending: vec![None; rows],
+            dropped: vec![false; rows],
+            cache: model.new_cache(),
+            bias: None,
+        }
+    }
+
+    /// Number of cached positions (including padding).
+    pub fn cached_len(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Keeps the cached rows at `slots` (indices into the current cache order), in that
+    /// order; every other row is dropped.
+    fn compact(&mut self, slots: &[usize], kept_ids: Vec<usize>) {
+        for id in &self.ids {
+            if !kept_ids.contains(id) {
+                self.dropped[*id] = true;
+            }
+        }
+        let identity =
+            slots.len() == self.ids.len() && slots.iter().enumerate().all(|(i, &s)| i == s);
+        if !identity {
+            if slots.is_empty() {
+                self.cache = KvCache::new(self.cache.n_layers());
+                self.bias = None;
+            } else if let Some(bias) = self.bias.take() {
+                let device = bias.device();
+                let index = Tensor::<B, 1, Int>::from_data(
+                    TensorData::new(slots.iter().map(|&s| s as i64).collect(), [slots.len()]),
+                    &device,
+                );
+                self.cache.select_rows(index.clone());
+                self.bias = Some(bias.select(0, index));
+            }
+        }
+        self.next_pos = slots.iter().map(|&s| self.next_pos[s]).collect();
+        self.pending = slots.iter().map(|&s| self.pending[s]).collect();
+        self.ids = kept_ids;
+    }
+
+    /// Appends one column per cached row to the key bias: masked where `real` is false.
+    ///
+    /// # Shapes
+    /// - `real`: `[rows * width]`, row-major
+    fn push_bias(&mut self, real: &[bool], width: usize, device: &B::Device) {
+        let rows = self.ids.len();
+        let values: Vec<f32> = real.iter().map(|&r| if r { 0.0 } else { MASKED }).collect();
+        // [rows, 1, 1, width]
+        let cols = Tensor::<B, 4>::from_data(
+            TensorData::new(values, [rows, 1, 1, width]),
+            (device, DType::F32),
+        );
+        self.bias = Some(match self.bias.take() {
+            Some(prev) => Tensor::cat(vec![prev, cols], 3),
+            None => cols,
+        });
+    }
+}
+
+/// One [`CausalLm::extend`] call on `model` (see the module documentation).
+///
+/// # Panics
+/// If `rows` and `appended` differ in length, a row is out of range, named twice or was
+/// dropped, or a token id is `>= vocab_size`.
+///
+/// [`CausalLm::extend`]: rlany_framework::CausalLm::extend
+pub(crate) fn extend<B: Backend>(
+    model: &Transformer<B>,
+    ctx: &mut Contexts<B>,
+    rows: &[usize],
+    appended: &[Vec<u32>],
+    params: &SampleParams,
+    rng: &mut Rng,
+) -> Vec<Generation> {
+    assert_eq!(rows.len(), appended.len(), "one appended list per row");
+    let max_seq_len = model.config().max_seq_len;
+    let vocab = model.config().vocab_size;
+    let mut out: Vec<Generation> = rows
+        .iter()
+        .map(|_| Generation {
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            stopped: false,
+        })
+        .collect();
+
+    // 1. Rows: what each reads and may generate; the rows that go on, in call order.
+    let mut seen = vec![false; ctx.dropped.len()];
+    let (mut slots, mut kept_ids, mut outs, mut chunks, mut budgets) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (k, (&row, app)) in rows.iter().zip(appended).enumerate() {
+        assert!(row < ctx.dropped.len(), "row {row} is out of range");
+        assert!(
+            !ctx.dropped[row],
+            "row {row} was dropped by an earlier call"
+        );
+        assert!(!seen[row], "row {row} is named twice");
+        seen[row] = true;
+        if let Some(&bad) = app.iter().find(|&&id| id as usize >= vocab) {
+            panic!("prompt token id {bad} is outside the vocabulary of size {vocab}");
+        }
+        let slot = ctx
+            .ids
+            .iter()
+            .position(|&id| id == row)
+            .unwrap_or_else(|| panic!("row {row} has no context"));
+        let read = ctx.next_pos[slot];
+        let mut chunk: Vec<u32> = ctx.pending[slot]
+            .into_iter()
+            .chain(app.iter().copied())
+            .collect();
+        if read == 0 && chunk.len() >= max_seq_len {
+            chunk.drain(..chunk.len() + 1 - max_seq_len);
+        }
+        let after = read + chunk.len();
+        let budget = if chunk.is_empty() || after >= max_seq_len {
+            0
+        } else {
+            params.max_new_tokens.min(max_seq_len - after)
+        };
+        if budget > 0 {
+            slots.push(slot);
+            kept_ids.push(row);
+            outs.push(k);
+            chunks.push(chunk);
+            budgets.push(budget);
+        }
+    }
+    ctx.compact(&slots, kept_ids);
+    let batch = slots.len();
+    let steps = budgets.iter().copied().max().unwrap_or(0);
+    if batch == 0 || steps == 0 {
+        return out;
+    }
+    let device = model.device();
+    let pos_cap = max_seq_len - 1;
+
+    // 2. Read: every row's new tokens, left-padded to one chunk, in one pass.
+    let width = chunks.iter().map(Vec::len).max().unwrap_or(0);
+    let cache_len = ctx.cache.len();
+    let mut tokens = Vec::with_capacity(batch * width);
+    let mut positions = Vec::with_capacity(batch * width);
+    let mut real = Vec::with_capacity(batch * width);
+    for (r, chunk) in chunks.iter().enumerate() {
+        let pads = width - chunk.len();
+        for i in 0..width {
+            if i < pads {
+                tokens.push(PAD_ID);
+                positions.push(0);
+                real.push(false);
+            } else {
+                tokens.push(i64::from(chunk[i - pads]));
+                positions.push((ctx.next_pos[r] + i - pads).min(pos_cap) as i64);
+                real.push(true);
+            }
+        }
+        ctx.next_pos[r] += chunk.len();
+        ctx.pending[r] = None;
+    }
+    ctx.push_bias(&real, width, &device);
+    // Buffers that grow now make room for every token this call decodes.
+    ctx.cache.reserve(steps);
+    let hidden = forward_chunk(model, ctx, tokens, positions, width, cache_len, &device);
+    // [batch, 1, d_model]
+    let mut hidden = hidden.narrow(1, width - 1, 1);
+
+    // 3. Sample, one token per row per step.
+    let mut sampler = Sampler::default();
+    let mut finished = vec![false; batch];
+    let mut unread: Vec<Option<u32>> = vec![None; batch];
+    for step in 0..steps {
+        if step > 0 {
+            // Feed each row its last sampled token (padding once it has none).
+            let cache_len = ctx.cache.len();
+            let mut tokens = Vec::with_capacity(batch);
+            let mut positions = Vec::with_capacity(batch);
+            let mut real = Vec::with_capacity(batch);
+            for (slot, next_pos) in unread.iter_mut().zip(ctx.next_pos.iter_mut()) {
+                match slot.take() {
+                    Some(id) => {
+                        tokens.push(i64::from(id));
+                        positions.push((*next_pos).min(pos_cap) as i64);
+                        *next_pos += 1;
+                        real.push(true);
+                    }
+                    None => {
+                        tokens.push(PAD_ID);
+                        positions.push(0);
+                        real.push(false);
+                    }
+                }
+            }
+            ctx.push_bias(&real, 1, &device);
+            hidden = forward_chunk(model, ctx, tokens, positions, 1, cache_len, &device);
+        }
+        // [batch, 1, vocab] -> [batch, vocab]
+        let logits: Vec<f32> = model
+            .logits(hidden.clone())
+            .reshape([batch, vocab])
+            .cast(FloatDType::F32)
+            .into_data()
+            .iter::<f32>()
+            .collect();
+        for r in 0..batch {
+            if finished[r] {
+                continue;
+            }
+            let (id, logprob) = sampler.sample(
+                &logits[r * vocab..(r + 1) * vocab],
+                params.temperature,
+                params.top_p,
+                rng,
+            );
+            let g = &mut out[outs[r]];
+            g.tokens.push(id);
+            g.logprobs.push(logprob);
+            unread[r] = Some(id);
+            if params.stop_tokens.contains(&id) {
+                g.stopped = true;
+                finished[r] = true;
+            } else if g.tokens.len() >= budgets[r] {
+                finished[r] = true;
+            }
+        }
+        if finished.iter().all(|&f| f) {
+            break;
+        }
+    }
+    for (r, id) in unread.into_iter().enumerate() {
+        ctx.pending[r] = id;
+    }
+    out
+}
+
+/// The decoder stack on `width` new tokens per cached row (their bias columns already
+/// pushed), reading and extending the cache.
+///
+/// # Shapes
+/// - `tokens`, `positions`: `[rows * width]`, row-major
+/// - output: `[rows, width, d_model]`
+fn forward_chunk<B: Backend>(
+    model: &Transformer<B>,
+    ctx: &mut Contexts<B>,
+    tokens: Vec<i64>,
+    positions: Vec<i64>,
+    width: usize,
+    cache_len: usize,
+    device: &B::Device,
+) -> Tensor<B, 3> {
+    let rows = ctx.ids.len();
+    let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(tokens, [rows, width]), device);
+    let positions =
+        Tensor::<B, 2, Int>::from_data(TensorData::new(positions, [rows, width]), device);
+    let (cos, sin) = model.rotary_at(positions);
+    let bias = combine_bias(causal_bias::<B>(cache_len, width, device), ctx.bias.clone());
+    model.forward_hidden(tokens, &cos, &sin, bias.as_ref(), Some(&mut ctx.cache))
+}
