@@ -224,7 +224,14 @@ where
             B::name(device),
             if args.quick { " (--quick sizes)" } else { "" }
         );
-        let rows = crate::bench_models::run::<B>(device, args.quick, dtype, args.reps, &args.only)?;
+        // Tokens are chosen on the device everywhere but on the CPU backend, as in training.
+        let on_device = !matches!(
+            super::parse_backend(&args.backend)?,
+            rlany_framework::BackendKind::NdArray
+        );
+        let rows = crate::bench_models::run::<B>(
+            device, args.quick, dtype, args.reps, &args.only, on_device,
+        )?;
         print_model_table(&rows);
         results.extend(rows.iter().map(|r| {
             serde_json::json!({

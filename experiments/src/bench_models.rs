@@ -1,6 +1,6 @@
 //! `rlany bench --models`: the model workloads of kernels/BENCH.md, run through the code the
-//! training loop runs — the rollout through `CausalLm::generate` (KV cache, host sampling
-//! from the run's stream), the PPO step through the framework's token log-probs, PPO loss,
+//! training loop runs — the rollout through `CausalLm::generate` (KV cache; tokens chosen on
+//! the device except on the CPU backend, from a seeded stream), the PPO step through the framework's token log-probs, PPO loss,
 //! global-norm clip and AdamW.
 //!
 //! | workload | work |
@@ -113,19 +113,19 @@ pub(crate) fn workloads(quick: bool) -> Vec<Workload> {
                 "R_small@quick",
                 SMALL,
                 Work::Rollout {
-                    batch: 16,
-                    prompt: 64,
-                    sampled: 32,
+                    batch: 4,
+                    prompt: 16,
+                    sampled: 16,
                 },
             ),
-            w("T_small@quick", SMALL, Work::Train { batch: 4, seq: 128 }),
+            w("T_small@quick", SMALL, Work::Train { batch: 2, seq: 32 }),
             w(
                 "C_tiny_R@quick",
                 TINY,
                 Work::Rollout {
-                    batch: 64,
+                    batch: 32,
                     prompt: 32,
-                    sampled: 64,
+                    sampled: 48,
                 },
             ),
             w(
@@ -242,6 +242,7 @@ pub(crate) fn run<B>(
     dtype: Option<FloatDType>,
     reps: usize,
     only: &[String],
+    on_device: bool,
 ) -> Result<Vec<ModelRow>>
 where
     B: AutodiffBackend + AutodiffLogProbOps,
@@ -268,7 +269,10 @@ where
                 batch,
                 prompt,
                 sampled,
-            } => rollout::<B::InnerBackend>(device, &wl, dt, batch, prompt, sampled, reps),
+            } => {
+                let shape = (batch, prompt, sampled);
+                rollout::<B::InnerBackend>(device, &wl, dt, shape, reps, on_device)
+            }
             Work::Train { batch, seq } => train::<B>(device, &wl, dt, batch, seq, reps),
         });
         let (ms, error) = match result {
@@ -310,10 +314,9 @@ fn rollout<B: Backend>(
     device: &B::Device,
     wl: &Workload,
     dtype: FloatDType,
-    batch: usize,
-    prompt: usize,
-    sampled: usize,
+    (batch, prompt, sampled): (usize, usize, usize),
     reps: usize,
+    on_device: bool,
 ) -> Result<f64> {
     let model = model::<B>(device, wl, dtype)?;
     let mut rng = Rng::new(11);
@@ -329,6 +332,7 @@ fn rollout<B: Backend>(
         top_p: 1.0,
         max_new_tokens: sampled,
         stop_tokens: Vec::new(),
+        on_device,
     };
     super::bench::median_ms::<B, _>(device, 1, reps, || {
         let gens = model.generate(&prompts, &params, &mut rng);

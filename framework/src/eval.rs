@@ -43,6 +43,8 @@ pub struct EvalSpec<'a> {
     pub max_step_tokens: usize,
     /// Most steps per episode.
     pub max_env_steps: usize,
+    /// Choose tokens on the device ([`SampleParams::on_device`]).
+    pub on_device: bool,
 }
 
 /// Plays `spec.tasks` tasks of `spec.split` greedily.
@@ -60,6 +62,7 @@ pub fn evaluate<B: Backend, M: CausalLm<B>>(
         seed,
         max_step_tokens,
         max_env_steps,
+        on_device,
     } = *spec;
     let mut task_rng = Rng::derive(
         seed,
@@ -83,6 +86,7 @@ pub fn evaluate<B: Backend, M: CausalLm<B>>(
         top_p: 1.0,
         max_new_tokens: max_step_tokens,
         stop_tokens: vec![tok.step_delimiter(), tok.eos()],
+        on_device,
     };
     // Greedy decoding draws no random numbers; the stream is only a formality.
     let mut rng = Rng::derive(seed, "eval-sampling");

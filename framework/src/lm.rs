@@ -34,6 +34,12 @@ pub struct SampleParams {
     pub max_new_tokens: usize,
     /// A row stops after generating any of these ids (which are kept in its output).
     pub stop_tokens: Vec<u32>,
+    /// Choose the tokens on the device (one small read per step: ids and log-probs) rather
+    /// than reading every row's logits to the host. Same rule and the same uniforms from
+    /// the same stream, summed in f32 instead of f64, so a draw within rounding of a
+    /// boundary may differ; `top_p < 1` always samples on the host. The trainer sets it on
+    /// every backend but the CPU's (where the host is the device).
+    pub on_device: bool,
 }
 
 /// One row's generated continuation.

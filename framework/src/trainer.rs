@@ -24,7 +24,7 @@ use crate::checkpoint::{self, CheckpointError};
 use crate::env::{Difficulty, Environment, Split};
 use crate::eval::{EvalSpec, evaluate};
 use crate::experiment::{
-    Budget, Experiment, JudgeSpec, KlTarget, PpoSpec, RewardSpec, Sampling, WarmStart,
+    BackendKind, Budget, Experiment, JudgeSpec, KlTarget, PpoSpec, RewardSpec, Sampling, WarmStart,
 };
 use crate::judge;
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
@@ -202,6 +202,8 @@ struct Settings {
     gate: GateSpec,
     /// Where the critic feedback comes from.
     critic: Critic,
+    /// Choose sampled tokens on the device (every backend but the CPU's).
+    sample_on_device: bool,
     /// `(α_low, α_high)` of the adaptation rule.
     band: (f64, f64),
     /// Whether difficulty adapts at all (`Static` does not).
@@ -249,6 +251,7 @@ impl Settings {
             start: exp.environment.plugin().start_difficulty(),
             gate: exp.gate.clone(),
             critic: exp.critic,
+            sample_on_device: !matches!(exp.backend, BackendKind::NdArray),
             band: proposer.map_or((0.2, 0.8), |p| p.band()),
             adaptive: proposer.is_some(),
         }
@@ -366,6 +369,7 @@ where
             top_p: cfg.sampling.top_p,
             max_new_tokens: cfg.sampling.max_step_tokens,
             stop_tokens: vec![tok.step_delimiter(), tok.eos()],
+            on_device: cfg.sample_on_device,
         };
         let slots = vec![AdaptSlot::new(cfg.start.clone()); cfg.budget.tasks_per_step];
         let dims = env.difficulty_space().into_iter().map(|d| d.name).collect();
@@ -877,6 +881,7 @@ where
                 seed,
                 max_step_tokens: mst,
                 max_env_steps: b.max_env_steps,
+                on_device: self.cfg.sample_on_device,
             };
             evaluate(&policy, self.env, self.tok, &spec)
         };

@@ -12,10 +12,12 @@
 //!    appends) are left-padded to one chunk and read in one pass over the cache. A pad is a
 //!    key masked for every later query, so rows of different lengths share one tensor; each
 //!    real token sits at its row's own next rotary position.
-//! 3. **Sample.** One token per row per step with the KV cache, read to the host once per
-//!    step for the whole batch and sampled there in row order ([`Sampler`], one uniform
-//!    per sampled token from the caller's stream). A row stops after a stop token or its
-//!    budget; a stopped row is fed padding, masked like any pad.
+//! 3. **Sample.** One token per row per step with the KV cache: the logits read to the
+//!    host once per step for the whole batch and sampled there in row order ([`Sampler`],
+//!    f64, one uniform per sampled token from the caller's stream), or with
+//!    `SampleParams::on_device` chosen on the device by the same rule with one small read
+//!    (`sample_on_device`). A row stops after a stop token or its budget; a stopped row is
+//!    fed padding, masked like any pad.
 //!
 //! A row's budget is `min(max_new_tokens, max_seq_len − its length after reading)`. A row
 //! with no budget (nothing to read, or no room for one token) gets an empty generation and
@@ -26,6 +28,7 @@
 //! prompts followed by cached decoding computes (the `generate` of earlier versions).
 
 use burn::prelude::*;
+use burn::tensor::activation::log_softmax;
 use burn::tensor::{DType, FloatDType};
 use rlany_framework::sampling::Sampler;
 use rlany_framework::{Generation, Rng, SampleParams};
@@ -255,23 +258,31 @@ pub(crate) fn extend<B: Backend>(
             hidden = forward_chunk(model, ctx, tokens, positions, 1, cache_len, &device);
         }
         // [batch, 1, vocab] -> [batch, vocab]
-        let logits: Vec<f32> = model
+        let logits = model
             .logits(hidden.clone())
             .reshape([batch, vocab])
-            .cast(FloatDType::F32)
-            .into_data()
-            .iter::<f32>()
-            .collect();
-        for r in 0..batch {
-            if finished[r] {
+            .cast(FloatDType::F32);
+        let drawn: Vec<Option<(u32, f32)>> = if params.on_device && params.top_p >= 1.0 {
+            sample_on_device(logits, &finished, params.temperature, rng)
+        } else {
+            let logits: Vec<f32> = logits.into_data().iter::<f32>().collect();
+            (0..batch)
+                .map(|r| {
+                    (!finished[r]).then(|| {
+                        sampler.sample(
+                            &logits[r * vocab..(r + 1) * vocab],
+                            params.temperature,
+                            params.top_p,
+                            rng,
+                        )
+                    })
+                })
+                .collect()
+        };
+        for (r, drawn) in drawn.into_iter().enumerate() {
+            let Some((id, logprob)) = drawn else {
                 continue;
-            }
-            let (id, logprob) = sampler.sample(
-                &logits[r * vocab..(r + 1) * vocab],
-                params.temperature,
-                params.top_p,
-                rng,
-            );
+            };
             let g = &mut out[outs[r]];
             g.tokens.push(id);
             g.logprobs.push(logprob);
@@ -291,6 +302,59 @@ pub(crate) fn extend<B: Backend>(
         ctx.pending[r] = id;
     }
     out
+}
+
+/// The next token of every unfinished row, chosen on the device with one small read for
+/// the whole batch (ids and log-probs, `[batch, 2]`), instead of reading `[batch, vocab]`
+/// logits to the host.
+///
+/// The rule is the host sampler's: greedy is the argmax (no draw); otherwise one uniform
+/// `u` per unfinished row, in row order from `rng`, and the id is the first whose running
+/// sum of `exp((logit − max) / T)` exceeds `u` times the total. The host sums in f64, the
+/// device in f32, so a draw within rounding of a boundary can pick the neighbouring id. The
+/// log-probability is `log_softmax(logits)[id]`, untempered.
+///
+/// # Shapes
+/// - `logits`: `[batch, vocab]` (f32)
+fn sample_on_device<B: Backend>(
+    logits: Tensor<B, 2>,
+    finished: &[bool],
+    temperature: f64,
+    rng: &mut Rng,
+) -> Vec<Option<(u32, f32)>> {
+    let [batch, vocab] = logits.dims();
+    let device = logits.device();
+    // [batch, 1]
+    let ids = if temperature > 0.0 {
+        let uniforms: Vec<f32> = finished
+            .iter()
+            .map(|&f| if f { 0.0 } else { rng.uniform() as f32 })
+            .collect();
+        let u = Tensor::<B, 2>::from_data(TensorData::new(uniforms, [batch, 1]), &device);
+        let max = logits.clone().max_dim(1);
+        // [batch, vocab]: the running sums of the tempered, unnormalised probabilities.
+        let cdf = (logits.clone() - max)
+            .div_scalar(temperature)
+            .exp()
+            .cumsum(1);
+        let target = cdf.clone().narrow(1, vocab - 1, 1) * u;
+        // The first id whose running sum exceeds the target = how many do not.
+        cdf.lower_equal(target)
+            .int()
+            .sum_dim(1)
+            .clamp_max(vocab as i64 - 1)
+    } else {
+        logits.clone().argmax(1)
+    };
+    let logprobs = log_softmax(logits, 1).gather(1, ids.clone());
+    // [batch, 2]: id (exact in f32 below 2^24) and log-probability.
+    let packed: Vec<f32> = Tensor::cat(vec![ids.float(), logprobs], 1)
+        .into_data()
+        .iter::<f32>()
+        .collect();
+    (0..batch)
+        .map(|r| (!finished[r]).then(|| (packed[2 * r] as u32, packed[2 * r + 1])))
+        .collect()
 }
 
 /// The decoder stack on `width` new tokens per cached row (their bias columns already

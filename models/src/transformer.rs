@@ -1422,6 +1422,28 @@ mod tests {
             top_p,
             max_new_tokens,
             stop_tokens: stop,
+            on_device: false,
+        }
+    }
+
+    #[test]
+    fn sampling_on_the_device_follows_the_host_rule() {
+        let model = model(&tiny(), 29);
+        for (temperature, stop) in [(0.0, vec![]), (1.0, vec![4, 9]), (0.7, vec![])] {
+            let host = params(temperature, 1.0, 10, stop);
+            let device = SampleParams {
+                on_device: true,
+                ..host.clone()
+            };
+            let (mut rh, mut rd) = (Rng::new(31), Rng::new(31));
+            let a = model.generate(&prompts(), &host, &mut rh);
+            let b = model.generate(&prompts(), &device, &mut rd);
+            assert_eq!(rh, rd, "the same uniforms are drawn");
+            for (x, y) in a.iter().zip(&b) {
+                assert_eq!(x.tokens, y.tokens, "T = {temperature}");
+                assert_eq!(x.stopped, y.stopped);
+                assert!(max_abs_diff(&x.logprobs, &y.logprobs) <= 1e-4);
+            }
         }
     }
 
