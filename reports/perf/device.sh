@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# One device run of every benchmark: `rlany bench --kernels` and `--models` on CUDA and WGPU
+# and the PyTorch anchor, side by side on the same GPU, then `rlany report --bench` over all
+# of it. Everything lands in $OUT (at most 8 files: the device's tool returns no more).
+#
+# Prepared here (the device has no cargo), in the checkout's root:
+#   CUDARC_CUDA_VERSION=13000 cargo build --release -p rlany --features cuda
+#   mkdir -p bench-anchor && cp target/release/rlany bench-anchor/rlany-cuda
+#   cargo build --release -p rlany --features wgpu && cp target/release/rlany bench-anchor/rlany-wgpu
+#   cp <the PyTorch anchor script> bench-anchor/torch_anchor.py
+#   (and the Vulkan loader packages in .gl/ for WGPU: see the device tool's README)
+# Run there with `carry: ["bench-anchor", ".gl"]`:
+#   bash reports/perf/device.sh
+#
+# Every step has its own time cap and a failed step does not stop the others. Knobs:
+#   BACKENDS  (default "cuda wgpu"; "ndarray" tests this script on a CPU)
+#   QUICK=1   the --quick model sizes (CPU)
+#   CAP       seconds per step (default 150); ANCHOR=0 skips PyTorch
+set -u
+OUT=${OUT:-/tmp/rlany-device}
+DIR=${DIR:-bench-anchor}
+BACKENDS=${BACKENDS:-cuda wgpu}
+CAP=${CAP:-150}
+ANCHOR=${ANCHOR:-1}
+QUICK=${QUICK:-}
+mkdir -p "$OUT" "$OUT/parts"
+LOG="$OUT/device.log"
+say() { echo "[$(date -u +%T)] $*" | tee -a "$LOG"; }
+
+say "host: $(uname -m), $(nproc) cores"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$LOG" 2>&1
+if [ -d .gl ] && ls .gl/*.deb >/dev/null 2>&1; then
+    for f in .gl/*.deb; do dpkg -x "$f" /; done
+    ldconfig
+    export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
+fi
+
+binary() { # the rlany binary of a backend
+    if [ -x "$DIR/rlany-$1" ]; then echo "$DIR/rlany-$1"; else echo "$DIR/rlany"; fi
+}
+
+# Model workloads one at a time, so each gets its own cap; rollouts use the anchor's 3
+# repeats (after one warm-up), the PPO steps 5, as torch_anchor.py does.
+if [ -n "$QUICK" ]; then
+    MODELS="R_small@quick:3 T_small@quick:5 C_tiny_R@quick:3 C_tiny_T:5"
+    QFLAG=--quick
+else
+    MODELS="R_small:3 T_small:5 R_qwen05b:3 T_qwen05b:5 C_tiny_T:5"
+    QFLAG=
+fi
+
+for be in $BACKENDS; do
+    bin=$(binary "$be")
+    [ -x "$bin" ] || { say "$be: no binary at $bin, skipped"; continue; }
+    say "$be: kernels"
+    timeout "$CAP" "$bin" bench --kernels --backend "$be" --json "$OUT/parts/$be-kernels.json" \
+        ${QUICK:+--n 512 --vocab 4096} >>"$LOG" 2>&1 || say "$be: kernels exited $?"
+    for m in $MODELS; do
+        name=${m%%:*}
+        reps=${m##*:}
+        say "$be: $name"
+        timeout "$CAP" "$bin" bench --models $QFLAG --only "$name" --reps "$reps" --backend "$be" \
+            --json "$OUT/parts/$be-$name.json" >>"$LOG" 2>&1 || say "$be: $name exited $?"
+    done
+    # One file per backend: the parts' results in one array.
+    python3 - "$OUT/$be.json" "$OUT"/parts/"$be"-*.json <<'PY' || say "$be: merge failed"
+import json, sys
+out, parts = sys.argv[1], sys.argv[2:]
+merged = {"results": []}
+for p in parts:
+    try:
+        d = json.load(open(p))
+    except Exception as e:  # a step killed by its cap leaves no file
+        print("skipped", p, e)
+        continue
+    for k, v in d.items():
+        if k != "results":
+            merged.setdefault(k, v)
+    merged["results"] += d.get("results", [])
+json.dump(merged, open(out, "w"), indent=1)
+PY
+done
+
+if [ "$ANCHOR" = 1 ] && [ -f "$DIR/torch_anchor.py" ]; then
+    say "PyTorch anchor"
+    OUT="$OUT" PYTHONUNBUFFERED=1 timeout "$((2 * CAP))" python3 "$DIR/torch_anchor.py" >>"$LOG" 2>&1 \
+        || say "anchor exited $?"
+fi
+
+rm -rf "$OUT/parts"
+inputs=()
+for f in "$OUT"/*.json; do [ -f "$f" ] && inputs+=(--bench "$f"); done
+if [ ${#inputs[@]} -gt 0 ]; then
+    bin=$(binary "${BACKENDS%% *}")
+    "$bin" report "${inputs[@]}" --out "$OUT/report" >>"$LOG" 2>&1 || say "report exited $?"
+fi
+say "done"
+ls -la "$OUT" "$OUT/report" >>"$LOG" 2>&1
