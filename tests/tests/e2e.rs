@@ -886,3 +886,34 @@ fn env_shows_a_task_and_refuses_bad_input() {
     assert_eq!(rlany(&["env", "arith", "--difficulty", "0.5"]), 2);
     assert_eq!(rlany(&["env", "arith", "--split", "test"]), 2);
 }
+
+#[test]
+fn bench_models_writes_json_the_report_compares() {
+    let dir = scratch("bench-models");
+    let json = dir.join("cpu.json");
+    let json_s = json.to_string_lossy().into_owned();
+    let args = [
+        "bench", "--models", "--quick", "--only", "C_tiny_R", "--reps", "1", "--json", &json_s,
+    ];
+    assert_eq!(rlany(&args), 0);
+    let v: Value = serde_json::from_str(&fs::read_to_string(&json).expect("json")).expect("parse");
+    let results = v["results"].as_array().expect("results");
+    assert_eq!(results.len(), 1, "--only keeps one workload: {results:?}");
+    let r = &results[0];
+    assert_eq!(r["name"], "C_tiny_R@quick");
+    // 32 rows × 48 sampled tokens.
+    assert_eq!(r["tokens"], 1536);
+    assert!(r["median_ms"].as_f64().expect("timed") > 0.0);
+    assert!(r["tokens_per_s"].as_f64().expect("rate") > 0.0);
+    // The comparison report reads it.
+    let out = dir.join("report");
+    let out_s = out.to_string_lossy().into_owned();
+    assert_eq!(rlany(&["report", "--bench", &json_s, "--out", &out_s]), 0);
+    let md = fs::read_to_string(out.join("report.md")).expect("report");
+    assert!(md.contains("| C_tiny_R@quick |"), "{md}");
+    assert!(out.join("figures").join("bench.png").exists());
+    // Nothing asked, or two dtypes for the models: usage errors.
+    assert_eq!(rlany(&["bench"]), 2);
+    assert_eq!(rlany(&["bench", "--models", "--dtype", "f32,bf16"]), 2);
+    let _ = fs::remove_dir_all(dir);
+}
