@@ -12,20 +12,31 @@
 # Run there with `carry: ["bench-anchor", ".gl"]`:
 #   bash reports/perf/device.sh
 #
-# Every step has its own time cap and a failed step does not stop the others. Knobs:
+# Every step has its own time cap, no step starts past the deadline (the device's command
+# limit is 10 minutes), and a failed step does not stop the others. The anchor runs first, so
+# the reference exists whatever happens later. Knobs:
 #   BACKENDS  (default "cuda wgpu"; "ndarray" tests this script on a CPU)
 #   QUICK=1   the --quick model sizes (CPU)
-#   CAP       seconds per step (default 150); ANCHOR=0 skips PyTorch
+#   CAP       seconds per step (default 90); DEADLINE seconds for everything (default 540)
+#   ANCHOR=0  skips PyTorch
 set -u
+START=$(date +%s)
 OUT=${OUT:-/tmp/rlany-device}
 DIR=${DIR:-bench-anchor}
 BACKENDS=${BACKENDS:-cuda wgpu}
-CAP=${CAP:-150}
+CAP=${CAP:-90}
+DEADLINE=${DEADLINE:-540}
 ANCHOR=${ANCHOR:-1}
 QUICK=${QUICK:-}
 mkdir -p "$OUT" "$OUT/parts"
 LOG="$OUT/device.log"
 say() { echo "[$(date -u +%T)] $*" | tee -a "$LOG"; }
+# The cap of the next step: CAP, or what is left before the deadline minus 30 s for the
+# report; 0 when nothing is left.
+cap() {
+    local left=$((DEADLINE - ($(date +%s) - START) - 30))
+    if [ "$left" -lt 10 ]; then echo 0; elif [ "$left" -lt "$CAP" ]; then echo "$left"; else echo "$CAP"; fi
+}
 
 say "host: $(uname -m), $(nproc) cores"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$LOG" 2>&1
@@ -49,17 +60,25 @@ else
     QFLAG=
 fi
 
+if [ "$ANCHOR" = 1 ] && [ -f "$DIR/torch_anchor.py" ]; then
+    say "PyTorch anchor"
+    OUT="$OUT" PYTHONUNBUFFERED=1 timeout 180 python3 "$DIR/torch_anchor.py" >>"$LOG" 2>&1 \
+        || say "anchor exited $?"
+fi
+
 for be in $BACKENDS; do
     bin=$(binary "$be")
     [ -x "$bin" ] || { say "$be: no binary at $bin, skipped"; continue; }
-    say "$be: kernels"
-    timeout "$CAP" "$bin" bench --kernels --backend "$be" --json "$OUT/parts/$be-kernels.json" \
+    t=$(cap); [ "$t" -gt 0 ] || { say "$be: deadline reached, kernels skipped"; continue; }
+    say "$be: kernels (cap ${t}s)"
+    timeout "$t" "$bin" bench --kernels --backend "$be" --json "$OUT/parts/$be-kernels.json" \
         ${QUICK:+--n 512 --vocab 4096} >>"$LOG" 2>&1 || say "$be: kernels exited $?"
     for m in $MODELS; do
         name=${m%%:*}
         reps=${m##*:}
-        say "$be: $name"
-        timeout "$CAP" "$bin" bench --models $QFLAG --only "$name" --reps "$reps" --backend "$be" \
+        t=$(cap); [ "$t" -gt 0 ] || { say "$be: deadline reached, $name skipped"; continue; }
+        say "$be: $name (cap ${t}s)"
+        timeout "$t" "$bin" bench --models $QFLAG --only "$name" --reps "$reps" --backend "$be" \
             --json "$OUT/parts/$be-$name.json" >>"$LOG" 2>&1 || say "$be: $name exited $?"
     done
     # One file per backend: the parts' results in one array.
@@ -80,12 +99,6 @@ for p in parts:
 json.dump(merged, open(out, "w"), indent=1)
 PY
 done
-
-if [ "$ANCHOR" = 1 ] && [ -f "$DIR/torch_anchor.py" ]; then
-    say "PyTorch anchor"
-    OUT="$OUT" PYTHONUNBUFFERED=1 timeout "$((2 * CAP))" python3 "$DIR/torch_anchor.py" >>"$LOG" 2>&1 \
-        || say "anchor exited $?"
-fi
 
 rm -rf "$OUT/parts"
 inputs=()
