@@ -17,7 +17,7 @@
 //!
 //! Before step 1 the policy (then the judge) is warm-started and everything is evaluated
 //! (step 0) — or, on resume, everything is restored from the latest checkpoint. The pure
-//! phases live in [`crate::step`]; the ones that run a model are methods of [`Run`] here.
+//! phases live in [`crate::step`]; the ones that run a model are methods of `Run` here.
 
 use crate::adapt::{AdaptCounts, AdaptSlot, Critic, GateSpec, Proposer};
 use crate::checkpoint::{self, CheckpointError};

@@ -3,7 +3,7 @@
 //! The loss-side hot spot of LLM RL: log-softmax, gather and KL over the `[tokens, vocab]`
 //! logits.
 //!
-//! - [`reference`]: the reference twins, composed from ordinary Burn tensor ops; every backend
+//! - [`mod@reference`]: the reference twins, composed from ordinary Burn tensor ops; every backend
 //!   (and autodiff) runs them. [`token_logprobs`] and [`kl_full`] at the crate root are these.
 //! - [`LogProbOps`]: a backend extension trait with the fused ops and their backward passes.
 //!   Its default method bodies are the reference composition, so `NdArray` (and any backend

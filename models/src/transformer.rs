@@ -927,7 +927,7 @@ impl<B: Backend> CausalLm<B> for Transformer<B> {
         Contexts::new(self, rows)
     }
 
-    /// See [`crate::decode`]: reads each row's new tokens in one left-padded pass over its
+    /// See the `decode` module: reads each row's new tokens in one left-padded pass over its
     /// cached positions, then samples one token per row per step with the KV cache (the LM
     /// head on the last position only, its logits read to the host once per step and
     /// sampled there in row order).

@@ -13,7 +13,7 @@
 //! Modules: [`runs`] (reading, tolerant of a killed run's cut last line), [`suite`] (row order
 //! and baselines), [`stats`], [`table`], [`grid`], `figures` (what each figure shows), `plot`
 //! (drawing with plotters), `glyphs` (text measured and rasterised with ab_glyph and the bundled
-//! DejaVu Sans, no system font), [`bench`] (backend comparison).
+//! DejaVu Sans, no system font), [`mod@bench`] (backend comparison).
 
 pub mod bench;
 mod error;

@@ -277,7 +277,7 @@ impl Render for Figure {
     }
 }
 
-/// What [`save`] wrote.
+/// What `save` wrote (the PNG and SVG of one figure).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FigureFile {
     /// What the figure shows.
