@@ -102,6 +102,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
             #[cfg(feature = "wgpu")]
             {
                 type B = burn::backend::Autodiff<burn::backend::Wgpu>;
+                super::probe_device::<B>("wgpu", &Default::default())?;
                 bench_backend::<B>(&args, &Default::default())
             }
             #[cfg(not(feature = "wgpu"))]
@@ -113,7 +114,9 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
             #[cfg(feature = "cuda")]
             {
                 type B = burn::backend::Autodiff<burn::backend::Cuda>;
-                bench_backend::<B>(&args, &burn::backend::cuda::CudaDevice::new(index))
+                let device = burn::backend::cuda::CudaDevice::new(index);
+                super::probe_device::<B>(&format!("cuda:{index}"), &device)?;
+                bench_backend::<B>(&args, &device)
             }
             #[cfg(not(feature = "cuda"))]
             {
