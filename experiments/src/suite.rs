@@ -247,18 +247,18 @@ pub fn ablate(o: &SuiteOptions) -> Result<()> {
     };
     // Workers take jobs from one queue (see `next_job`) until none is left or one failed.
     let queue = Mutex::new(vec![JobState::Pending; jobs.len()]);
+    let job_seeds: Vec<u64> = jobs.iter().map(|(s, _)| *s).collect();
     let results: Vec<Result<()>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..workers)
             .map(|_| {
-                let (run_job, jobs, queue) = (&run_job, &jobs, &queue);
+                let (run_job, jobs, queue, job_seeds) = (&run_job, &jobs, &queue, &job_seeds);
                 scope.spawn(move || -> Result<()> {
                     loop {
                         let k = {
                             let mut states = queue
                                 .lock()
                                 .map_err(|_| anyhow::anyhow!("the suite's queue was poisoned"))?;
-                            let seeds: Vec<u64> = jobs.iter().map(|(s, _)| *s).collect();
-                            match next_job(&states, &seeds) {
+                            match next_job(&states, job_seeds) {
                                 Some(k) => {
                                     states[k] = JobState::Running;
                                     k

@@ -196,66 +196,25 @@ pub(crate) fn extend<B: Backend>(
     if batch == 0 || steps == 0 {
         return out;
     }
-    let device = model.device();
-    let pos_cap = max_seq_len - 1;
-
-    // 2. Read: every row's new tokens, left-padded to one chunk, in one pass.
-    let width = chunks.iter().map(Vec::len).max().unwrap_or(0);
-    let cache_len = ctx.cache.len();
-    let mut tokens = Vec::with_capacity(batch * width);
-    let mut positions = Vec::with_capacity(batch * width);
-    let mut real = Vec::with_capacity(batch * width);
-    for (r, chunk) in chunks.iter().enumerate() {
-        let pads = width - chunk.len();
-        for i in 0..width {
-            if i < pads {
-                tokens.push(PAD_ID);
-                positions.push(0);
-                real.push(false);
-            } else {
-                tokens.push(i64::from(chunk[i - pads]));
-                positions.push((ctx.next_pos[r] + i - pads).min(pos_cap) as i64);
-                real.push(true);
-            }
-        }
-        ctx.next_pos[r] += chunk.len();
-        ctx.pending[r] = None;
-    }
-    ctx.push_bias(&real, width, &device);
+    // 2. Read: every row's new tokens, left-padded to one chunk, in one pass; what was
+    // pending is in the chunks now.
+    ctx.pending.iter_mut().for_each(|p| *p = None);
     // Buffers that grow now make room for every token this call decodes.
     ctx.cache.reserve(steps);
-    let hidden = forward_chunk(model, ctx, tokens, positions, width, cache_len, &device);
-    // [batch, 1, d_model]
-    let mut hidden = hidden.narrow(1, width - 1, 1);
+    let mut hidden = read(model, ctx, &chunks);
 
     // 3. Sample, one token per row per step.
     let mut sampler = Sampler::default();
     let mut finished = vec![false; batch];
-    let mut unread: Vec<Option<u32>> = vec![None; batch];
     for step in 0..steps {
         if step > 0 {
             // Feed each row its last sampled token (padding once it has none).
-            let cache_len = ctx.cache.len();
-            let mut tokens = Vec::with_capacity(batch);
-            let mut positions = Vec::with_capacity(batch);
-            let mut real = Vec::with_capacity(batch);
-            for (slot, next_pos) in unread.iter_mut().zip(ctx.next_pos.iter_mut()) {
-                match slot.take() {
-                    Some(id) => {
-                        tokens.push(i64::from(id));
-                        positions.push((*next_pos).min(pos_cap) as i64);
-                        *next_pos += 1;
-                        real.push(true);
-                    }
-                    None => {
-                        tokens.push(PAD_ID);
-                        positions.push(0);
-                        real.push(false);
-                    }
-                }
-            }
-            ctx.push_bias(&real, 1, &device);
-            hidden = forward_chunk(model, ctx, tokens, positions, 1, cache_len, &device);
+            let fed: Vec<Vec<u32>> = ctx
+                .pending
+                .iter_mut()
+                .map(|p| p.take().into_iter().collect())
+                .collect();
+            hidden = read(model, ctx, &fed);
         }
         // [batch, 1, vocab] -> [batch, vocab]
         let logits = model
@@ -286,7 +245,7 @@ pub(crate) fn extend<B: Backend>(
             let g = &mut out[outs[r]];
             g.tokens.push(id);
             g.logprobs.push(logprob);
-            unread[r] = Some(id);
+            ctx.pending[r] = Some(id);
             if params.stop_tokens.contains(&id) {
                 g.stopped = true;
                 finished[r] = true;
@@ -297,9 +256,6 @@ pub(crate) fn extend<B: Backend>(
         if finished.iter().all(|&f| f) {
             break;
         }
-    }
-    for (r, id) in unread.into_iter().enumerate() {
-        ctx.pending[r] = id;
     }
     out
 }
@@ -357,26 +313,48 @@ fn sample_on_device<B: Backend>(
         .collect()
 }
 
-/// The decoder stack on `width` new tokens per cached row (their bias columns already
-/// pushed), reading and extending the cache.
+/// Reads `chunks[r]` into cached row `r` — all rows in one pass, each chunk left-padded to
+/// the longest (an empty chunk is all padding), real tokens at the row's next positions,
+/// pads masked for every later query — and returns the hidden state of the last position.
 ///
 /// # Shapes
-/// - `tokens`, `positions`: `[rows * width]`, row-major
-/// - output: `[rows, width, d_model]`
-fn forward_chunk<B: Backend>(
+/// - output: `[rows, 1, d_model]`
+fn read<B: Backend>(
     model: &Transformer<B>,
     ctx: &mut Contexts<B>,
-    tokens: Vec<i64>,
-    positions: Vec<i64>,
-    width: usize,
-    cache_len: usize,
-    device: &B::Device,
+    chunks: &[Vec<u32>],
 ) -> Tensor<B, 3> {
-    let rows = ctx.ids.len();
-    let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(tokens, [rows, width]), device);
+    let device = model.device();
+    let pos_cap = model.config().max_seq_len - 1;
+    let rows = chunks.len();
+    let width = chunks.iter().map(Vec::len).max().unwrap_or(0);
+    debug_assert!(width > 0, "something to read");
+    let cache_len = ctx.cache.len();
+    let mut tokens = Vec::with_capacity(rows * width);
+    let mut positions = Vec::with_capacity(rows * width);
+    let mut real = Vec::with_capacity(rows * width);
+    for (chunk, next_pos) in chunks.iter().zip(ctx.next_pos.iter_mut()) {
+        let pads = width - chunk.len();
+        tokens.extend(std::iter::repeat_n(PAD_ID, pads));
+        positions.extend(std::iter::repeat_n(0, pads));
+        real.extend(std::iter::repeat_n(false, pads));
+        for (i, &id) in chunk.iter().enumerate() {
+            tokens.push(i64::from(id));
+            positions.push((*next_pos + i).min(pos_cap) as i64);
+            real.push(true);
+        }
+        *next_pos += chunk.len();
+    }
+    ctx.push_bias(&real, width, &device);
+    let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(tokens, [rows, width]), &device);
     let positions =
-        Tensor::<B, 2, Int>::from_data(TensorData::new(positions, [rows, width]), device);
+        Tensor::<B, 2, Int>::from_data(TensorData::new(positions, [rows, width]), &device);
     let (cos, sin) = model.rotary_at(positions);
-    let bias = combine_bias(causal_bias::<B>(cache_len, width, device), ctx.bias.clone());
-    model.forward_hidden(tokens, &cos, &sin, bias.as_ref(), Some(&mut ctx.cache))
+    let bias = combine_bias(
+        causal_bias::<B>(cache_len, width, &device),
+        ctx.bias.clone(),
+    );
+    model
+        .forward_hidden(tokens, &cos, &sin, bias.as_ref(), Some(&mut ctx.cache))
+        .narrow(1, width - 1, 1)
 }
