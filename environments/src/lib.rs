@@ -12,6 +12,8 @@
 //! included, is accepted without panicking: a malformed action is a wasted step.
 //!
 //! - [`arith`]: multi-step arithmetic chains (`7+5=12`, `12-3=9`, `A:9`).
+//! - [`codegen`]: programs in a tiny list language, one line per step, judged by hidden
+//!   tests (`keep x>3`, `map x*2+1`, `fold +`, `ret`).
 //!
 //! Proposers implement [`rlany_framework::adapt::Proposer`]:
 //!
@@ -19,6 +21,8 @@
 //!   time (egobox-gp).
 
 pub mod arith;
+pub mod codegen;
 pub mod proposers;
 
 pub use arith::{Arith, ArithConfig, ArithEpisode, ArithSpec};
+pub use codegen::{Codegen, CodegenEpisode, CodegenSpec};

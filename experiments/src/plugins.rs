@@ -58,6 +58,8 @@ plugins! {
     environments {
         /// Multi-step arithmetic chains (`rlany_envs::arith`).
         Arith(rlany_envs::ArithSpec),
+        /// Programs in a tiny list language judged by hidden tests (`rlany_envs::codegen`).
+        Codegen(rlany_envs::CodegenSpec),
     }
     proposers {
         /// Our Gaussian-process proposer (`rlany_envs::proposers::gp`).
