@@ -358,6 +358,7 @@ fn seed_of_run_dir(dir: &Path) -> Result<u64> {
 /// Starts `device` with one tiny read, once per backend and process, and turns a failed
 /// start (no driver, no adapter: the GPU backends then panic, often on a worker thread) into
 /// an error quoting the first panic message instead of a stack of panics.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub(crate) fn probe_device<B: burn::prelude::Backend>(
     backend: &str,
     device: &B::Device,
