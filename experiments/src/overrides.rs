@@ -209,8 +209,10 @@ Experiment(
         assert_eq!(e.seeds, vec![4, 5]);
         assert_eq!(e.name, "u");
         assert_eq!(e.policy.model.spec().map(|m| m.d_model), Some(16));
-        let crate::EnvironmentSpec::Arith(a) = &e.environment;
-        assert_eq!(a.max_operands, 5);
+        match &e.environment {
+            crate::EnvironmentSpec::Arith(a) => assert_eq!(a.max_operands, 5),
+            other => panic!("{other:?}"),
+        }
         // Everything else is untouched.
         assert_eq!(e.budget.group_size, 4);
     }

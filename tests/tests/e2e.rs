@@ -263,14 +263,23 @@ fn resume_is_exact_with_a_learned_judge_and_the_gp_proposer() {
 
 #[test]
 fn every_ablation_row_runs_with_a_tiny_budget() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments/ablation/arith");
-    let mut files: Vec<PathBuf> = fs::read_dir(&root)
-        .expect("ablation folder")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "ron"))
-        .collect();
-    files.sort();
-    assert_eq!(files.len(), 5, "rows 0..4");
+    // Every suite folder (arith, codegen, …) has the same five rows.
+    let suites = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments/ablation");
+    let mut files: Vec<PathBuf> = Vec::new();
+    let mut folders = 0;
+    for suite in fs::read_dir(&suites).expect("ablation folder") {
+        let suite = suite.expect("entry").path();
+        let mut rows: Vec<PathBuf> = fs::read_dir(&suite)
+            .expect("suite folder")
+            .map(|e| e.expect("entry").path())
+            .filter(|p| p.extension().is_some_and(|e| e == "ron"))
+            .collect();
+        rows.sort();
+        assert_eq!(rows.len(), 5, "rows 0..4 in {}", suite.display());
+        files.extend(rows);
+        folders += 1;
+    }
+    assert!(folders >= 2, "arith and codegen");
     let dir = scratch("ablation");
     for (row, f) in files.iter().enumerate() {
         let mut exp = rlany::Experiment::load(f).unwrap_or_else(|e| panic!("{e}"));
@@ -401,16 +410,18 @@ fn shipped_experiment_files_are_valid() {
         .filter_map(|p| p.strip_prefix(&root).ok())
         .map(|p| p.display().to_string())
         .collect();
-    // The quickstart and the five ablation rows, at least: a file the walk missed fails here.
-    assert!(names.iter().any(|n| n == "quickstart.ron"), "{names:?}");
-    assert!(
-        names
-            .iter()
-            .filter(|n| n.starts_with("ablation/arith/"))
-            .count()
-            >= 5,
-        "{names:?}"
-    );
+    // The quickstarts and the five ablation rows of each suite, at least: a file the walk
+    // missed fails here.
+    for quickstart in ["quickstart.ron", "codegen.ron"] {
+        assert!(names.iter().any(|n| n == quickstart), "{names:?}");
+    }
+    for suite in ["arith", "codegen"] {
+        let prefix = format!("ablation/{suite}/");
+        assert!(
+            names.iter().filter(|n| n.starts_with(&prefix)).count() >= 5,
+            "{names:?}"
+        );
+    }
 }
 
 #[test]
@@ -418,20 +429,22 @@ fn quickstart_smoke_with_a_tiny_budget() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("..")
         .join("experiments");
-    let mut exp = rlany::Experiment::load(&root.join("quickstart.ron")).expect("quickstart");
-    exp.policy.warm_start.steps = 5;
-    exp.budget.steps = 2;
-    exp.budget.tasks_per_step = 4;
-    exp.budget.eval_tasks = 4;
-    exp.budget.eval_every = 1;
-    let dir = scratch("smoke");
-    let f = write(&dir, "q.ron", &exp.to_ron());
-    let runs = dir.join("runs").to_string_lossy().into_owned();
-    assert_eq!(rlany(&["run", &f, "--runs-dir", &runs, "--no-progress"]), 0);
-    let m = metrics(&dir.join("runs/quickstart/seed-1"));
-    assert_eq!(m.len(), 3);
-    assert!(m.iter().all(|l| l.get("eval/acc_id").is_some()));
-    let _ = fs::remove_dir_all(dir);
+    for file in ["quickstart.ron", "codegen.ron"] {
+        let mut exp = rlany::Experiment::load(&root.join(file)).expect("quickstart");
+        exp.policy.warm_start.steps = 5;
+        exp.budget.steps = 2;
+        exp.budget.tasks_per_step = 4;
+        exp.budget.eval_tasks = 4;
+        exp.budget.eval_every = 1;
+        let dir = scratch("smoke");
+        let f = write(&dir, "q.ron", &exp.to_ron());
+        let runs = dir.join("runs").to_string_lossy().into_owned();
+        assert_eq!(rlany(&["run", &f, "--runs-dir", &runs, "--no-progress"]), 0);
+        let m = metrics(&dir.join("runs").join(&exp.name).join("seed-1"));
+        assert_eq!(m.len(), 3, "{file}");
+        assert!(m.iter().all(|l| l.get("eval/acc_id").is_some()));
+        let _ = fs::remove_dir_all(dir);
+    }
 }
 
 /// Every float parameter times NaN.
@@ -878,6 +891,8 @@ fn env_shows_a_task_and_refuses_bad_input() {
         0
     );
     assert_eq!(rlany(&["env", "arith", "--split", "ood"]), 0);
+    assert_eq!(rlany(&["env", "codegen", "--difficulty", "1,1,1,1", "--noise", "0.5"]), 0);
+    assert_eq!(rlany(&["env", "codegen", "--split", "ood", "--seed", "9"]), 0);
     let quickstart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments/quickstart.ron");
     assert_eq!(rlany(&["env", &quickstart.to_string_lossy()]), 0);
     // Unknown environment, a difficulty out of range or of the wrong length, an unknown split.
