@@ -173,7 +173,7 @@
 //! to take every expert step, and a step budget (`max_env_steps`) of at least `M + 2` to
 //! finish an OOD task. A policy's own trajectory can be longer (up to `2n + 2` lines).
 
-use rlany_framework::check::{self, Checked, FieldError};
+use rlany_framework::check::{self, Checked};
 use rlany_framework::plugin::EnvironmentPlugin;
 use rlany_framework::{Difficulty, Dim, Environment, Episode, Rng, Split, StepResult};
 use serde::{Deserialize, Serialize};
@@ -291,20 +291,11 @@ impl ArithSpec {
 impl EnvironmentPlugin for ArithSpec {
     fn validate(&self) -> Checked {
         self.config().validate()?;
-        if self.difficulty.len() != 3 {
-            return Err(FieldError::new(
-                "difficulty",
-                format!(
-                    "must have 3 values (operands, magnitude, carries) (got {})",
-                    self.difficulty.len()
-                ),
-            ));
-        }
-        for (i, &d) in self.difficulty.iter().enumerate() {
-            check::real("difficulty", d, 0.0, 1.0)
-                .map_err(|e| FieldError::new(e.field, format!("value {i} {}", e.message)))?;
-        }
-        Ok(())
+        check::difficulty(
+            "difficulty",
+            &self.difficulty,
+            &["operands", "magnitude", "carries"],
+        )
     }
 
     fn start_difficulty(&self) -> Difficulty {

@@ -47,6 +47,27 @@ pub fn count(field: &str, v: usize, lo: usize, hi: usize) -> Checked {
     Ok(())
 }
 
+/// A difficulty vector: one value in `[0, 1]` per named dimension. The messages name the
+/// dimensions when the length is wrong and the index of a value out of range.
+pub fn difficulty(field: &str, values: &[f64], dims: &[&str]) -> Checked {
+    if values.len() != dims.len() {
+        return Err(FieldError::new(
+            field,
+            format!(
+                "must have {} values ({}) (got {})",
+                dims.len(),
+                dims.join(", "),
+                values.len()
+            ),
+        ));
+    }
+    for (i, &d) in values.iter().enumerate() {
+        real(field, d, 0.0, 1.0)
+            .map_err(|e| FieldError::new(e.field, format!("value {i} {}", e.message)))?;
+    }
+    Ok(())
+}
+
 /// A finite number in `[lo, hi]`.
 pub fn real(field: &str, v: f64, lo: f64, hi: f64) -> Checked {
     if !v.is_finite() || v < lo || v > hi {
@@ -218,6 +239,16 @@ mod tests {
         assert!(real("x", f64::NAN, 0.0, 1.0).is_err());
         assert!(positive("x", 0.0, 1.0).is_err());
         assert!(band("b", (0.8, 0.2)).is_err());
+        assert!(difficulty("d", &[0.0, 1.0], &["a", "b"]).is_ok());
+        assert_eq!(
+            difficulty("d", &[0.5], &["a", "b"])
+                .expect_err("length")
+                .message,
+            "must have 2 values (a, b) (got 1)"
+        );
+        let e = difficulty("d", &[0.5, 1.5], &["a", "b"]).expect_err("range");
+        assert_eq!(e.field, "d");
+        assert!(e.message.starts_with("value 1 must be"), "{}", e.message);
         assert_eq!(
             FieldError::new("max_digits", "m")
                 .within("environment")

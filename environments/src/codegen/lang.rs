@@ -537,9 +537,18 @@ mod tests {
         assert_eq!(run(&["fold max"], &[]), Ok(vec![0]));
         assert_eq!(run(&["count"], &xs), Ok(vec![4]));
         assert_eq!(run(&["let a=min", "map x-a"], &xs), Ok(vec![4, 0, 6, 1]));
-        assert_eq!(run(&["let b=len", "let c=b*3", "map x+c"], &[1]), Ok(vec![4]));
-        assert_eq!(run(&["let a=max", "keep x<a", "ret"], &xs), Ok(vec![5, 1, 2]));
-        assert_eq!(run(&["let a=last", "let b=first", "map a-b"], &xs), Ok(vec![-3; 4]));
+        assert_eq!(
+            run(&["let b=len", "let c=b*3", "map x+c"], &[1]),
+            Ok(vec![4])
+        );
+        assert_eq!(
+            run(&["let a=max", "keep x<a", "ret"], &xs),
+            Ok(vec![5, 1, 2])
+        );
+        assert_eq!(
+            run(&["let a=last", "let b=first", "map a-b"], &xs),
+            Ok(vec![-3; 4])
+        );
         // Euclidean division and remainder.
         assert_eq!(run(&["map x-8/3", "map x%3"], &[1]), Ok(vec![0]));
         assert_eq!(run(&["map 0-x%3"], &[7]), Ok(vec![2]));
@@ -583,10 +592,48 @@ mod tests {
         // garbage included, parses to a result or a named error, and no list ever grows.
         use rlany_framework::Rng;
         const PIECES: &[&str] = &[
-            "keep ", "map ", "take ", "drop ", "rev", "sort", "scan ", "pair ", "fold ", "count",
-            "let ", "ret", "x", "a", "b", "q", "=", "==", ">", "<=", "!=", "+", "-", "*", "/", "%",
-            "max", "min", "sum", "len", "first", "last", "0", "1", "7", "999999999", " ", "é",
-            "🦀", "\u{0}", ";", "rm -rf /",
+            "keep ",
+            "map ",
+            "take ",
+            "drop ",
+            "rev",
+            "sort",
+            "scan ",
+            "pair ",
+            "fold ",
+            "count",
+            "let ",
+            "ret",
+            "x",
+            "a",
+            "b",
+            "q",
+            "=",
+            "==",
+            ">",
+            "<=",
+            "!=",
+            "+",
+            "-",
+            "*",
+            "/",
+            "%",
+            "max",
+            "min",
+            "sum",
+            "len",
+            "first",
+            "last",
+            "0",
+            "1",
+            "7",
+            "999999999",
+            " ",
+            "é",
+            "🦀",
+            "\u{0}",
+            ";",
+            "rm -rf /",
         ];
         let mut rng = Rng::new(7);
         let (mut errors, mut executed) = (0, 0);

@@ -141,7 +141,7 @@
 pub mod lang;
 
 use lang::{FoldOp, Stmt};
-use rlany_framework::check::{self, Checked, FieldError};
+use rlany_framework::check::{self, Checked};
 use rlany_framework::plugin::EnvironmentPlugin;
 use rlany_framework::{Difficulty, Dim, Environment, Episode, Rng, Split, StepResult};
 use serde::{Deserialize, Serialize};
@@ -198,20 +198,11 @@ impl EnvironmentPlugin for CodegenSpec {
             STAGES_RANGE.0,
             STAGES_RANGE.1,
         )?;
-        if self.difficulty.len() != 4 {
-            return Err(FieldError::new(
-                "difficulty",
-                format!(
-                    "must have 4 values (length, magnitude, variables, examples) (got {})",
-                    self.difficulty.len()
-                ),
-            ));
-        }
-        for (i, &d) in self.difficulty.iter().enumerate() {
-            check::real("difficulty", d, 0.0, 1.0)
-                .map_err(|e| FieldError::new(e.field, format!("value {i} {}", e.message)))?;
-        }
-        Ok(())
+        check::difficulty(
+            "difficulty",
+            &self.difficulty,
+            &["length", "magnitude", "variables", "examples"],
+        )
     }
 
     fn start_difficulty(&self) -> Difficulty {
@@ -306,7 +297,12 @@ impl Stage {
     }
 
     fn variable(kind: usize) -> Self {
-        [Self::MinusMin, Self::MinusFirst, Self::PlusLength, Self::BelowMax][kind.min(3)]
+        [
+            Self::MinusMin,
+            Self::MinusFirst,
+            Self::PlusLength,
+            Self::BelowMax,
+        ][kind.min(3)]
     }
 
     fn phrase(self) -> String {
@@ -437,6 +433,8 @@ struct Task {
     lines: Vec<(String, Option<String>)>,
     /// The dims each reference line exercises.
     dims: Vec<Vec<usize>>,
+    /// The reference lines parsed (`ret` included).
+    reference: Vec<Stmt>,
 }
 
 impl Task {
@@ -452,7 +450,11 @@ impl Task {
         let mut p = self.spec();
         p.push('\n');
         for (input, output) in &self.visible {
-            p.push_str(&format!("{} -> {}\n", lang::show(input), lang::show(output)));
+            p.push_str(&format!(
+                "{} -> {}\n",
+                lang::show(input),
+                lang::show(output)
+            ));
         }
         p
     }
@@ -546,7 +548,8 @@ impl Codegen {
                     })
                     .collect(),
             };
-            let kind = candidates[((u * candidates.len() as f64) as usize).min(candidates.len() - 1)];
+            let kind =
+                candidates[((u * candidates.len() as f64) as usize).min(candidates.len() - 1)];
             let plain = Stage::plain(kind, pu, pw, r);
             prev = Some(plain);
             let forced = ood_pair.is_some() && i < 2;
@@ -602,7 +605,7 @@ impl Codegen {
         dims.push(all);
 
         // Tests: inputs drawn with a fixed number of uniforms each; outputs by the reference.
-        let program: Vec<Stmt> = lines
+        let reference: Vec<Stmt> = lines
             .iter()
             .filter_map(|(l, _)| lang::parse(l).ok())
             .collect();
@@ -610,12 +613,13 @@ impl Codegen {
         let mut tests: Vec<(Vec<i64>, Vec<i64>)> = (0..MAX_VISIBLE + HIDDEN)
             .map(|_| {
                 let span = (INPUT_LEN.1 - INPUT_LEN.0 + 1) as f64;
-                let len = INPUT_LEN.0 + ((input_rng.uniform() * span) as usize).min(INPUT_LEN.1 - INPUT_LEN.0);
+                let len = INPUT_LEN.0
+                    + ((input_rng.uniform() * span) as usize).min(INPUT_LEN.1 - INPUT_LEN.0);
                 let values: Vec<i64> = (0..INPUT_LEN.1)
                     .map(|_| (input_rng.uniform() * (r.floor() + 1.0)).floor() as i64)
                     .collect();
                 let input = values[..len].to_vec();
-                let output = lang::run(&program, &input).unwrap_or_default();
+                let output = lang::run(&reference, &input).unwrap_or_default();
                 (input, output)
             })
             .collect();
@@ -628,13 +632,17 @@ impl Codegen {
             hidden,
             lines,
             dims,
+            reference,
         }
     }
 }
 
 /// Whether `a` directly followed by `b` is a held-out pair (OOD only).
 fn held_out(a: Class, b: Class) -> bool {
-    matches!((a, b), (Class::Keep, Class::Scan) | (Class::Map, Class::Pair))
+    matches!(
+        (a, b),
+        (Class::Keep, Class::Scan) | (Class::Map, Class::Pair)
+    )
 }
 
 /// `⌊y⌋ + [u < frac(y)]` for a finite `y ≥ 0`: mean `y`, monotone in `y` for a fixed `u`.
@@ -703,8 +711,6 @@ struct StepRecord {
 pub struct CodegenEpisode {
     task: Task,
     prompt: String,
-    /// The parsed reference program, `ret` included.
-    reference: Vec<Stmt>,
     /// The agent's program so far (parsed lines, `ret` excluded).
     program: Vec<Stmt>,
     steps: Vec<StepRecord>,
@@ -715,15 +721,9 @@ pub struct CodegenEpisode {
 
 impl CodegenEpisode {
     fn new(task: Task) -> Self {
-        let reference = task
-            .lines
-            .iter()
-            .filter_map(|(l, _)| lang::parse(l).ok())
-            .collect();
         Self {
             prompt: task.prompt(),
             task,
-            reference,
             program: Vec::new(),
             steps: Vec::new(),
             returned: false,
@@ -761,9 +761,10 @@ impl CodegenEpisode {
     fn completable(&self) -> bool {
         let mut candidate = self.program.clone();
         let base = candidate.len();
-        (0..self.reference.len()).any(|j| {
+        let reference = &self.task.reference;
+        (0..reference.len()).any(|j| {
             candidate.truncate(base);
-            candidate.extend_from_slice(&self.reference[j..]);
+            candidate.extend_from_slice(&reference[j..]);
             self.passes(&candidate)
         })
     }
@@ -835,7 +836,11 @@ impl Episode for CodegenEpisode {
             self.done = true;
         }
         StepResult {
-            observation: if self.done { String::new() } else { observation },
+            observation: if self.done {
+                String::new()
+            } else {
+                observation
+            },
             done: self.done,
         }
     }
