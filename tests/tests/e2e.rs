@@ -893,8 +893,21 @@ fn env_shows_a_task_and_refuses_bad_input() {
         0
     );
     assert_eq!(rlany(&["env", "arith", "--split", "ood"]), 0);
-    assert_eq!(rlany(&["env", "codegen", "--difficulty", "1,1,1,1", "--noise", "0.5"]), 0);
-    assert_eq!(rlany(&["env", "codegen", "--split", "ood", "--seed", "9"]), 0);
+    assert_eq!(
+        rlany(&[
+            "env",
+            "codegen",
+            "--difficulty",
+            "1,1,1,1",
+            "--noise",
+            "0.5"
+        ]),
+        0
+    );
+    assert_eq!(
+        rlany(&["env", "codegen", "--split", "ood", "--seed", "9"]),
+        0
+    );
     let quickstart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments/quickstart.ron");
     assert_eq!(rlany(&["env", &quickstart.to_string_lossy()]), 0);
     // Unknown environment, a difficulty out of range or of the wrong length, an unknown split.
