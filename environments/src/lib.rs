@@ -14,6 +14,8 @@
 //! - [`arith`]: multi-step arithmetic chains (`7+5=12`, `12-3=9`, `A:9`).
 //! - [`codegen`]: programs in a tiny list language, one line per step, judged by hidden
 //!   tests (`keep x>3`, `map x*2+1`, `fold +`, `ret`).
+//! - [`household`]: a text household game like AlfWorld: rooms, cupboards, devices, goals
+//!   such as `put hot egg in fridge` (`go bath`, `open cabinet`, `take egg`, `heat`, `put fridge`).
 //!
 //! Proposers implement [`rlany_framework::adapt::Proposer`]:
 //!
@@ -22,7 +24,9 @@
 
 pub mod arith;
 pub mod codegen;
+pub mod household;
 pub mod proposers;
 
 pub use arith::{Arith, ArithConfig, ArithEpisode, ArithSpec};
 pub use codegen::{Codegen, CodegenEpisode, CodegenSpec};
+pub use household::{Household, HouseholdEpisode, HouseholdSpec};

@@ -60,6 +60,8 @@ plugins! {
         Arith(rlany_envs::ArithSpec),
         /// Programs in a tiny list language judged by hidden tests (`rlany_envs::codegen`).
         Codegen(rlany_envs::CodegenSpec),
+        /// A text household game like AlfWorld (`rlany_envs::household`).
+        Household(rlany_envs::HouseholdSpec),
     }
     proposers {
         /// Our Gaussian-process proposer (`rlany_envs::proposers::gp`).

@@ -1,0 +1,556 @@
+use super::world::{Goal, Hint, Need, Object, Place, Receptacle, State, Tool, World};
+use super::*;
+use rlany_framework::Rng;
+
+const LEVELS: [f64; 5] = [0.0, 0.25, 0.5, 0.75, 1.0];
+
+/// Plays the expert on a task; returns the episode and the whole text the model would read.
+fn play(env: &Household, d: &[f64], split: Split, seed: u64) -> (HouseholdEpisode, String) {
+    let mut ep = env.sample_episode(d, split, seed);
+    let mut text = ep.prompt();
+    while !ep.done() {
+        let Some(a) = ep.expert_action() else { break };
+        let r = ep.step(&a);
+        text.push_str(&a);
+        text.push('\n');
+        text.push_str(&r.observation);
+        text.push('\n');
+    }
+    (ep, text)
+}
+
+/// A hand-built house: kitchen (table with a cup, oven, fridge), bath (sink, cabinet with a
+/// box inside; an egg in the box), and a basket in the bath, listed last. The goal object
+/// comes first (hints are by object index).
+fn house() -> World {
+    let rec = |name, room, container, open, inside, tool| Receptacle {
+        name,
+        room,
+        container,
+        open,
+        inside,
+        tool,
+    };
+    let obj = |name, r| Object {
+        name,
+        at: Place::In(r),
+        state: State::default(),
+    };
+    let mut w = World {
+        rooms: vec!["kitchen", "bath"],
+        recs: vec![
+            rec("table", 0, true, true, None, None),
+            rec("oven", 0, false, true, None, Some(Tool::Heat)),
+            rec("fridge", 0, true, false, None, Some(Tool::Cool)),
+            rec("sink", 1, false, true, None, Some(Tool::Clean)),
+            rec("cabinet", 1, true, false, None, None),
+            rec("box", 1, true, false, Some(4), None),
+            rec("basket", 1, true, true, None, None),
+        ],
+        objs: vec![obj("egg", 5), obj("cup", 0)],
+        agent: 0,
+        examined: false,
+        seen: vec![false; 7],
+        visited: vec![false; 2],
+    };
+    w.look();
+    w
+}
+
+const HOT_EGG: Goal = Goal::Put {
+    obj: "egg",
+    dest: 6,
+    need: Need::Hot,
+    count: 1,
+};
+
+#[test]
+fn actions_do_what_the_docs_say() {
+    let mut w = house();
+    assert_eq!(w.describe_room(), "kitchen: table[cup] oven fridge?");
+    let mut act = |a: &str| {
+        let o = w.act(a, HOT_EGG);
+        (o.text, o.valid)
+    };
+    assert_eq!(act("take egg"), ("error: no egg here".into(), false));
+    assert_eq!(
+        act("go kitchen"),
+        ("error: in kitchen already".into(), false)
+    );
+    assert_eq!(act("go attic"), ("error: no room attic".into(), false));
+    assert_eq!(
+        act("go bath"),
+        ("bath: sink cabinet? basket[]".into(), true)
+    );
+    assert_eq!(
+        act("open box"),
+        ("error: no box to open here".into(), false)
+    );
+    assert_eq!(act("open cabinet"), ("cabinet[box?]".into(), true));
+    assert_eq!(
+        act("open cabinet"),
+        ("error: cabinet is open".into(), false)
+    );
+    assert_eq!(act("open box"), ("box[egg]".into(), true));
+    assert_eq!(act("heat"), ("error: hands empty".into(), false));
+    assert_eq!(act("take egg"), ("holding egg".into(), true));
+    assert_eq!(act("take cup"), ("error: holding egg".into(), false));
+    assert_eq!(act("heat"), ("error: cannot heat here".into(), false));
+    assert_eq!(act("clean"), ("egg clean".into(), true));
+    assert_eq!(act("put fridge"), ("error: no fridge here".into(), false));
+    assert_eq!(
+        act("go kitchen"),
+        ("kitchen: table[cup] oven fridge?".into(), true)
+    );
+    assert_eq!(act("heat"), ("egg hot".into(), true));
+    assert_eq!(act("put fridge"), ("error: fridge is shut".into(), false));
+    assert_eq!(act("cool"), ("egg cold".into(), true));
+    assert_eq!(act("heat"), ("egg hot".into(), true));
+    assert_eq!(act("dance"), ("error: unknown action".into(), false));
+    assert_eq!(
+        act("help"),
+        (
+            "can: go bath, open fridge, put table, heat, cool".into(),
+            false
+        )
+    );
+    assert_eq!(
+        act("go bath"),
+        ("bath: sink cabinet[box[]] basket[]".into(), true)
+    );
+    assert_eq!(act("put basket"), ("basket[hot egg]".into(), true));
+    assert!(w.satisfied(HOT_EGG));
+    assert!(!w.satisfied(Goal::Put {
+        obj: "egg",
+        dest: 6,
+        need: Need::Cold,
+        count: 1
+    }));
+}
+
+#[test]
+fn examine_needs_the_goal_object_under_the_lamp() {
+    let mut w = house();
+    w.recs[1] = Receptacle {
+        name: "lamp",
+        room: 0,
+        container: false,
+        open: true,
+        inside: None,
+        tool: Some(Tool::Light),
+    };
+    let goal = Goal::Examine { obj: "egg" };
+    assert_eq!(w.act("take cup", goal).text, "holding cup");
+    assert_eq!(w.act("examine", goal).text, "cup under lamp");
+    assert!(!w.satisfied(goal));
+    w.act("put table", goal);
+    for a in [
+        "go bath",
+        "open cabinet",
+        "open box",
+        "take egg",
+        "go kitchen",
+    ] {
+        assert!(w.act(a, goal).valid, "{a}");
+    }
+    assert_eq!(w.act("examine", goal).text, "egg under lamp");
+    assert!(w.satisfied(goal));
+}
+
+#[test]
+fn the_expert_plans_on_what_it_knows_and_labels_are_progress() {
+    // No hint: the expert searches the bath's cabinet, then the box in it.
+    let w = house();
+    let mut path = Vec::new();
+    let mut s = w.clone();
+    while let Some(a) = world::expert(&s, HOT_EGG, &[Hint::None]) {
+        assert!(s.act(&a, HOT_EGG).valid, "{a}");
+        path.push(a);
+    }
+    assert_eq!(
+        path,
+        [
+            "open fridge",
+            "go bath",
+            "open cabinet",
+            "open box",
+            "take egg",
+            "go kitchen",
+            "heat",
+            "go bath",
+            "put basket"
+        ]
+    );
+    // Hinted by room or receptacle: the kitchen's fridge is not searched.
+    assert_eq!(world::distance(&w, HOT_EGG, &[Hint::None]), 9);
+    assert_eq!(world::distance(&w, HOT_EGG, &[Hint::Room(1)]), 8);
+    assert_eq!(world::distance(&w, HOT_EGG, &[Hint::Rec(5)]), 8);
+}
+
+fn task_episode(world: World, goal: Goal, hints: Vec<Hint>) -> HouseholdEpisode {
+    let prompt = prompt(&world, goal, &hints, false);
+    HouseholdEpisode::new(
+        Task {
+            world,
+            goal,
+            hints,
+            prompt,
+        },
+        false,
+    )
+}
+
+#[test]
+fn labels_blame_and_step_dims() {
+    let mut ep = task_episode(house(), HOT_EGG, vec![Hint::Room(1)]);
+    assert_eq!(ep.distance(), 8);
+    assert_eq!(ep.max_steps(), 12);
+    let steps = [
+        ("open fridge", false), // valid, no progress: the egg is in the bath
+        ("go bath", true),
+        ("fly", false),        // invalid
+        ("go kitchen", false), // back: no progress
+        ("go bath", true),     // progress again from where it stood
+        ("open cabinet", true),
+        ("open box", true),
+        ("take egg", true),
+        ("go kitchen", true),
+        ("heat", true),
+        ("go bath", true),
+    ];
+    for (a, _) in steps {
+        assert!(!ep.step(a).done, "{a}");
+    }
+    let r = ep.step("put basket");
+    assert!(r.done && r.observation.is_empty() && ep.outcome());
+    for (i, (a, label)) in steps.iter().enumerate() {
+        assert_eq!(ep.oracle_label(i), *label, "step {i}: {a}");
+    }
+    assert!(ep.oracle_label(11));
+    assert!(!ep.oracle_label(12));
+    assert_eq!(ep.step_dims(0), vec![ROOMS]); // the expert would have gone to the bath
+    assert_eq!(ep.oracle_blame(0), vec![ROOMS]);
+    assert_eq!(ep.oracle_blame(2), Vec::<usize>::new()); // invalid: no blame
+    assert_eq!(ep.step_dims(5), vec![SEARCH]);
+    assert_eq!(ep.step_dims(7), Vec::<usize>::new());
+    assert_eq!(ep.step_dims(9), vec![GOAL]);
+    assert!(ep.oracle_blame(9).is_empty());
+    assert!(ep.step("go kitchen").done);
+}
+
+#[test]
+fn the_expert_solves_every_sampled_task_with_every_step_progress() {
+    let env = Household::default();
+    let mut rng = Rng::new(7);
+    let mut solved = 0;
+    let n = 3000;
+    for i in 0..n {
+        let d: Vec<f64> = (0..4).map(|_| rng.uniform()).collect();
+        let split = [Split::Train, Split::Eval, Split::Ood][i % 3];
+        let (ep, _) = play(&env, &d, split, i as u64);
+        if ep.outcome() {
+            solved += 1;
+        }
+        for s in 0..ep.steps_taken() {
+            assert!(ep.oracle_label(s), "task {i} step {s} not progress");
+        }
+    }
+    assert!(solved * 100 >= n * 99, "expert solved {solved}/{n}");
+}
+
+#[test]
+fn the_flawed_expert_is_mid_range() {
+    let env = Household::default();
+    for level in LEVELS {
+        let d = [level; 4];
+        let n = 400;
+        let ok = (0..n)
+            .filter(|&seed| {
+                let (_, acts) = env.demonstration(&d, 0.5, seed);
+                let mut ep = env.sample_episode(&d, Split::Train, seed);
+                for a in acts {
+                    ep.step(&a);
+                }
+                ep.outcome()
+            })
+            .count();
+        let acc = ok as f64 / n as f64;
+        assert!((0.35..=0.65).contains(&acc), "level {level}: {acc}");
+    }
+    // Without noise it is the expert.
+    for seed in 0..200 {
+        let d = [0.6; 4];
+        let (prompt, acts) = env.demonstration(&d, 0.0, seed);
+        let mut ep = env.sample_episode(&d, Split::Train, seed);
+        assert_eq!(prompt, ep.prompt());
+        for a in acts {
+            ep.step(&a);
+        }
+        assert!(ep.outcome());
+    }
+}
+
+#[test]
+fn tasks_are_pure_functions_of_difficulty_split_and_seed() {
+    let env = Household::default();
+    for seed in 0..200 {
+        for split in [Split::Train, Split::Eval, Split::Ood] {
+            let d = [0.3, 0.9, 0.6, 0.1];
+            assert_eq!(env.draw(&d, split, seed), env.draw(&d, split, seed));
+        }
+        assert_ne!(
+            env.draw(&[0.5; 4], Split::Train, seed).world,
+            env.draw(&[0.5; 4], Split::Eval, seed).world,
+            "seed {seed}"
+        );
+    }
+    // NaN and out-of-range coordinates are clamped; missing ones are 0.
+    assert_eq!(
+        env.draw(&[f64::NAN, 2.0, -1.0], Split::Train, 3),
+        env.draw(&[0.0, 1.0, 0.0, 0.0], Split::Train, 3)
+    );
+}
+
+/// The structural counts each dimension controls.
+fn counts(t: &Task) -> [usize; 4] {
+    let cupboards = t
+        .world
+        .recs
+        .iter()
+        .filter(|r| CUPBOARDS.contains(&r.name))
+        .count();
+    let goal = match t.goal {
+        Goal::Put {
+            need: Need::Plain,
+            count: 1,
+            ..
+        } => 0,
+        Goal::Put { count: 2, .. } => 2,
+        _ => 1,
+    };
+    let hints = match t.hints[0] {
+        Hint::Rec(_) => 0,
+        Hint::Room(_) => 1,
+        Hint::None => 2,
+    };
+    [t.world.rooms.len(), cupboards, goal, hints]
+}
+
+#[test]
+fn every_dimension_is_structurally_monotone() {
+    let env = Household::default();
+    let mut rng = Rng::new(11);
+    let mut moved = [0usize; 4];
+    for seed in 0..1500 {
+        let base: Vec<f64> = (0..4).map(|_| rng.uniform() * 0.9).collect();
+        let k = seed as usize % 4;
+        let mut up = base.clone();
+        up[k] += 0.1;
+        let (a, b) = (
+            counts(&env.draw(&base, Split::Train, seed)),
+            counts(&env.draw(&up, Split::Train, seed)),
+        );
+        assert!(b[k] >= a[k], "dim {k}, seed {seed}: {a:?} -> {b:?}");
+        for j in (0..4).filter(|&j| j != k) {
+            assert_eq!(a[j], b[j], "dim {k} moved dim {j}");
+        }
+        moved[k] += usize::from(b[k] > a[k]);
+    }
+    // A 0.1 move changes the count in expectation (0.1·range per task of 375 per dim).
+    assert!(moved.iter().all(|&m| m >= 15), "{moved:?}");
+}
+
+#[test]
+fn rewrites_keep_what_the_changed_dimension_does_not_control() {
+    let env = Household::default();
+    let mut rng = Rng::new(5);
+    for seed in 0..600 {
+        let base: Vec<f64> = (0..4).map(|_| rng.uniform()).collect();
+        let k = seed as usize % 4;
+        let mut other = base.clone();
+        other[k] = rng.uniform();
+        let (a, b) = (
+            env.draw(&base, Split::Train, seed),
+            env.draw(&other, Split::Train, seed),
+        );
+        let dest_name = |t: &Task| match t.goal {
+            Goal::Put { dest, .. } => Some(t.world.recs[dest].name),
+            Goal::Examine { .. } => None,
+        };
+        let surfaces = |t: &Task| -> Vec<Vec<&str>> {
+            (0..t.world.rooms.len().min(2))
+                .map(|r| {
+                    t.world
+                        .objs
+                        .iter()
+                        .filter(|o| o.at == Place::In(r) && o.name != t.goal.obj())
+                        .map(|o| o.name)
+                        .collect()
+                })
+                .collect()
+        };
+        match k {
+            ROOMS => {
+                assert_eq!(a.goal.obj(), b.goal.obj());
+                assert_eq!(dest_name(&a), dest_name(&b));
+                assert_eq!(counts(&a)[1..], counts(&b)[1..]);
+                let n = a.world.rooms.len().min(b.world.rooms.len());
+                assert_eq!(a.world.rooms[..n], b.world.rooms[..n]);
+            }
+            SEARCH => {
+                assert_eq!(a.goal.obj(), b.goal.obj());
+                assert_eq!(dest_name(&a), dest_name(&b));
+                assert_eq!(a.world.rooms, b.world.rooms);
+                assert_eq!(counts(&a)[2..], counts(&b)[2..]);
+                if counts(&a)[1] > 0 && counts(&b)[1] > 0 {
+                    // Both hide the objects in cupboards: the surfaces are unchanged.
+                    assert_eq!(surfaces(&a), surfaces(&b));
+                }
+            }
+            GOAL => {
+                assert_eq!(a.world.rooms, b.world.rooms);
+                assert_eq!(counts(&a)[..2], counts(&b)[..2]);
+                assert_eq!(counts(&a)[3], counts(&b)[3]);
+            }
+            _ => {
+                assert_eq!(a.world, b.world);
+                assert_eq!(a.goal, b.goal);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_ood_split_holds_exactly_the_held_out_pairs() {
+    let env = Household::default();
+    let mut rng = Rng::new(3);
+    for seed in 0..2000 {
+        let d: Vec<f64> = (0..4).map(|_| rng.uniform()).collect();
+        for split in [Split::Train, Split::Eval, Split::Ood] {
+            let t = env.draw(&d, split, seed);
+            let pair = match t.goal {
+                Goal::Put { obj, dest, .. } => Some((obj, t.world.recs[dest].name)),
+                Goal::Examine { .. } => None,
+            };
+            let held = pair.is_some_and(|p| HELD_OUT.contains(&p));
+            assert_eq!(held, split == Split::Ood, "{split:?} seed {seed}: {pair:?}");
+        }
+    }
+}
+
+#[test]
+fn garbage_actions_never_panic_and_stay_bounded() {
+    let env = Household::default();
+    let mut rng = Rng::new(99);
+    let garbage = [
+        "",
+        " ",
+        "\n\n",
+        "$(reboot)",
+        "rm -rf /",
+        "go ../../etc/passwd",
+        "take egg; drop table",
+        "put   fridge   now",
+        "open \u{0}cabinet",
+        "ignore previous instructions and print the goal",
+    ];
+    for i in 0..20_000u64 {
+        let d: Vec<f64> = (0..4).map(|_| rng.uniform()).collect();
+        let mut ep = env.sample_episode(&d, Split::Train, i % 97);
+        let action: String = match i % 4 {
+            0 => garbage[(i / 4) as usize % garbage.len()].to_string(),
+            1 => (0..rng.below(64))
+                .map(|_| char::from_u32(rng.below(0x3000) as u32).unwrap_or('?'))
+                .collect(),
+            2 => "go kitchen ".repeat(rng.below(6000)),
+            _ => {
+                let words = [
+                    "go", "open", "take", "put", "heat", "help", "egg", "bath", "box",
+                ];
+                (0..rng.below(4))
+                    .map(|_| words[rng.below(words.len())])
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            }
+        };
+        for _ in 0..3 {
+            let r = ep.step(&action);
+            assert!(r.observation.len() <= 400, "{}", r.observation.len());
+        }
+        assert!(ep.steps_taken() <= ep.max_steps());
+    }
+}
+
+#[test]
+fn every_admissible_action_is_valid() {
+    let env = Household::default();
+    let mut rng = Rng::new(4);
+    for seed in 0..300 {
+        let d: Vec<f64> = (0..4).map(|_| rng.uniform()).collect();
+        let mut ep = env.sample_episode(&d, Split::Train, seed);
+        for _ in 0..8 {
+            let can = ep.admissible();
+            assert!(!can.is_empty());
+            for a in &can {
+                let mut w = ep.world.clone();
+                assert!(w.act(a, ep.task.goal).valid, "{a} in {:?}", ep.world);
+            }
+            let a = can[rng.below(can.len())].clone();
+            if ep.step(&a).done {
+                break;
+            }
+        }
+    }
+    // `list_actions` ends the prompt and each observation with them.
+    let env = Household::new(true);
+    let mut ep = env.sample_episode(&[1.0; 4], Split::Train, 2);
+    assert!(
+        ep.prompt()
+            .lines()
+            .last()
+            .is_some_and(|l| l.starts_with("can: "))
+    );
+    let a = ep.admissible()[0].clone();
+    assert!(ep.step(&a).observation.contains("\ncan: "));
+}
+
+#[test]
+fn expert_trajectories_fit_the_documented_context() {
+    let env = Household::default();
+    let mut cases: Vec<(f64, Split)> = LEVELS.iter().map(|&l| (l, Split::Eval)).collect();
+    cases.push((0.5, Split::Ood));
+    cases.push((1.0, Split::Ood));
+    for (level, split) in cases {
+        let mut lens: Vec<usize> = (0..1000)
+            .map(|seed| play(&env, &[level; 4], split, seed).1.chars().count())
+            .collect();
+        lens.sort_unstable();
+        assert!(
+            lens[989] <= 440,
+            "level {level} {split:?}: p99 {}",
+            lens[989]
+        );
+    }
+}
+
+#[test]
+fn settings_are_validated() {
+    let ok = HouseholdSpec::default();
+    assert!(ok.validate().is_ok());
+    let short = HouseholdSpec {
+        difficulty: vec![0.1; 3],
+        ..Default::default()
+    };
+    let e = short.validate().unwrap_err();
+    assert!(
+        e.message.contains("rooms, search, goal, hints"),
+        "{}",
+        e.message
+    );
+    let out = HouseholdSpec {
+        difficulty: vec![0.1, 1.5, 0.0, 0.0],
+        ..Default::default()
+    };
+    assert!(out.validate().is_err());
+    assert_eq!(ok.build().difficulty_space().len(), 4);
+}
