@@ -279,7 +279,7 @@ fn every_ablation_row_runs_with_a_tiny_budget() {
         files.extend(rows);
         folders += 1;
     }
-    assert!(folders >= 2, "arith and codegen");
+    assert!(folders >= 3, "arith, codegen and household");
     let dir = scratch("ablation");
     for (i, f) in files.iter().enumerate() {
         // The row within its suite (each suite has rows 0..4, in file-name order).
@@ -414,10 +414,10 @@ fn shipped_experiment_files_are_valid() {
         .collect();
     // The quickstarts and the five ablation rows of each suite, at least: a file the walk
     // missed fails here.
-    for quickstart in ["quickstart.ron", "codegen.ron"] {
+    for quickstart in ["quickstart.ron", "codegen.ron", "household.ron"] {
         assert!(names.iter().any(|n| n == quickstart), "{names:?}");
     }
-    for suite in ["arith", "codegen"] {
+    for suite in ["arith", "codegen", "household"] {
         let prefix = format!("ablation/{suite}/");
         assert!(
             names.iter().filter(|n| n.starts_with(&prefix)).count() >= 5,
@@ -431,7 +431,7 @@ fn quickstart_smoke_with_a_tiny_budget() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("..")
         .join("experiments");
-    for file in ["quickstart.ron", "codegen.ron"] {
+    for file in ["quickstart.ron", "codegen.ron", "household.ron"] {
         let mut exp = rlany::Experiment::load(&root.join(file)).expect("quickstart");
         exp.policy.warm_start.steps = 5;
         exp.budget.steps = 2;
@@ -908,6 +908,18 @@ fn env_shows_a_task_and_refuses_bad_input() {
         rlany(&["env", "codegen", "--split", "ood", "--seed", "9"]),
         0
     );
+    assert_eq!(
+        rlany(&[
+            "env",
+            "household",
+            "--difficulty",
+            "1,1,1,1",
+            "--noise",
+            "0.5"
+        ]),
+        0
+    );
+    assert_eq!(rlany(&["env", "household", "--split", "ood"]), 0);
     let quickstart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments/quickstart.ron");
     assert_eq!(rlany(&["env", &quickstart.to_string_lossy()]), 0);
     // Unknown environment, a difficulty out of range or of the wrong length, an unknown split.
