@@ -119,7 +119,9 @@
 //!
 //! # Length bounds
 //!
-//! Observations are one room or one receptacle (at most a few names). With the defaults,
+//! A prompt (without `list_actions`) has at most [`MAX_PROMPT_CHARS`] characters: a goal, a
+//! hint, the room names and one room. Observations are one room or one receptacle (at most
+//! a few names). With the defaults,
 //! 99% of the expert's trajectories (prompt, actions, observations, one delimiter after
 //! each) have at most 320 characters at every level of the eval grid and on the OOD split (a
 //! test checks it), so a character-level model with `max_seq_len` 352 holds them.
@@ -146,6 +148,8 @@ const MAX_ROOMS: usize = 3;
 const MAX_SHUT: usize = 2;
 /// The probability that a surface or cupboard holds a filler object.
 const FILLER_RATE: f64 = 1.0 / 3.0;
+/// The longest prompt (without `list_actions`), in characters (a test samples many).
+pub const MAX_PROMPT_CHARS: usize = 160;
 /// Steps beyond the expert's plan before an episode ends.
 const STEP_SLACK: usize = 4;
 

@@ -554,3 +554,16 @@ fn settings_are_validated() {
     assert!(out.validate().is_err());
     assert_eq!(ok.build().difficulty_space().len(), 4);
 }
+
+#[test]
+fn prompts_are_bounded() {
+    let env = Household::default();
+    let mut rng = Rng::new(21);
+    let mut longest = 0;
+    for seed in 0..20_000u64 {
+        let d: Vec<f64> = (0..4).map(|_| rng.uniform()).collect();
+        let split = [Split::Train, Split::Eval, Split::Ood][seed as usize % 3];
+        longest = longest.max(env.sample_episode(&d, split, seed).prompt().chars().count());
+    }
+    assert!(longest <= MAX_PROMPT_CHARS, "{longest}");
+}
