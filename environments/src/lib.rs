@@ -16,6 +16,9 @@
 //!   tests (`keep x>3`, `map x*2+1`, `fold +`, `ret`).
 //! - [`household`]: a text household game like AlfWorld: rooms, cupboards, devices, goals
 //!   such as `put hot egg in fridge` (`go bath`, `open cabinet`, `take egg`, `heat`, `put fridge`).
+//! - [`desktop`]: computer control on a simulated document editor (menus, dialogs, tabs,
+//!   check boxes, drop-downs, fields) seen as an accessibility text with element ids
+//!   (`click(4)`, `type(9, "Budget")`, `key(ctrl+s)`, `scroll(17, 3)`).
 //!
 //! Proposers implement [`rlany_framework::adapt::Proposer`]:
 //!
@@ -24,9 +27,11 @@
 
 pub mod arith;
 pub mod codegen;
+pub mod desktop;
 pub mod household;
 pub mod proposers;
 
 pub use arith::{Arith, ArithConfig, ArithEpisode, ArithSpec};
 pub use codegen::{Codegen, CodegenEpisode, CodegenSpec};
+pub use desktop::{Desktop, DesktopEpisode, DesktopSpec};
 pub use household::{Household, HouseholdEpisode, HouseholdSpec};

@@ -62,6 +62,8 @@ plugins! {
         Codegen(rlany_envs::CodegenSpec),
         /// A text household game like AlfWorld (`rlany_envs::household`).
         Household(rlany_envs::HouseholdSpec),
+        /// Computer control on a simulated editor, like OSWorld (`rlany_envs::desktop`).
+        Desktop(rlany_envs::DesktopSpec),
     }
     proposers {
         /// Our Gaussian-process proposer (`rlany_envs::proposers::gp`).

@@ -920,6 +920,10 @@ fn env_shows_a_task_and_refuses_bad_input() {
         0
     );
     assert_eq!(rlany(&["env", "household", "--split", "ood"]), 0);
+    assert_eq!(
+        rlany(&["env", "desktop", "--difficulty", "1,1,1,1", "--seed", "4"]),
+        0
+    );
     let quickstart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments/quickstart.ron");
     assert_eq!(rlany(&["env", &quickstart.to_string_lossy()]), 0);
     // Unknown environment, a difficulty out of range or of the wrong length, an unknown split.

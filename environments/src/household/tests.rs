@@ -541,7 +541,9 @@ fn settings_are_validated() {
         difficulty: vec![0.1; 3],
         ..Default::default()
     };
-    let e = short.validate().unwrap_err();
+    let Err(e) = short.validate() else {
+        panic!("three values accepted");
+    };
     assert!(
         e.message.contains("rooms, search, goal, hints"),
         "{}",
