@@ -11,21 +11,21 @@
 //! # What the agent sees
 //!
 //! ```text
-//! set size 14, save                          ← the goal
-//! size: Format > Font                        ← the hint (how much it says is a dimension)
+//! set size 16, save                          ← the goal
+//! size: Edit > Font                          ← the hint (this layout moved Font to Edit)
 //! [1]File [2]Edit [3]View [4]Format [5]Tools ← the menu bar
-//! click(4)                                   (the expert's actions; after each, the view:)
-//! Format: [9]Font [10]Paragraph              ← an open menu (`name>` is a submenu)
-//! click(9)
-//! Font: [17]size=10 [18]bold=off [19]font=Arial [20]OK [21]Cancel   ← a dialog
-//! click(17)
-//! size: -1 [31]9 [32]10 [33]11 [34]12 +3     ← a drop-down list: 1 above, 3 below
-//! scroll(17, 3)
-//! size: -4 [35]14 [36]16 [37]18 [38]20
-//! click(35)
-//! [17]size=14
-//! click(20)
-//! applied size=14                            ← what OK changed
+//! click(2)                                   (the expert's actions; after each, the view:)
+//! Edit: [7]Undo [8]Font                      ← an open menu (`name>` is a submenu)
+//! click(8)
+//! Font: [13]size=10 [14]bold=off [15]font=Arial [16]OK [17]Cancel   ← a dialog
+//! click(13)
+//! size: -2 [32]10 [33]11 [34]12 [35]14 +3    ← a drop-down list: 2 above, 3 below
+//! scroll(13, 3)
+//! size: -5 [35]14 [36]16 [37]18 [38]20
+//! click(36)
+//! [13]size=16
+//! click(16)
+//! applied size=16                            ← what OK changed
 //! key(ctrl+s)                                ← the episode ends when the goal holds
 //! ```
 //!
@@ -103,11 +103,12 @@
 //! expert's plan + 4). A step is labelled right when it was valid and the expert planner
 //! ([`app::expert`], which acts on the hints and the menus the agent has opened) needs fewer
 //! actions from the new state than from the old. `step_dims(i)` is what the expert's action
-//! at that state exercises: opening a submenu or a second tab → `depth`; clicking a menu-bar
-//! menu while exploring without a known path → `hints` is never listed (it changes the
-//! evidence) and such a click lists `distractors`; a control of the second goal setting or
-//! the save → `subgoals`. `oracle_blame(i)` is `step_dims(i)` for a valid step that made no
-//! progress, nothing for an invalid one.
+//! at that state exercises: opening a submenu or a second tab → `depth`; opening a
+//! menu-bar menu while the path is not hinted (searching among the menus' items) →
+//! `distractors`; the save, and any step towards the second setting → `subgoals`; after the
+//! goal holds, all three. `hints` is never listed (it changes the evidence, not the action).
+//! `oracle_blame(i)` is `step_dims(i)` for a valid step that made no progress, nothing for an
+//! invalid one.
 //!
 //! # Flawed expert ([`Environment::demonstration`])
 //!
