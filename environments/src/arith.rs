@@ -173,6 +173,7 @@
 //! to take every expert step, and a step budget (`max_env_steps`) of at least `M + 2` to
 //! finish an OOD task. A policy's own trajectory can be longer (up to `2n + 2` lines).
 
+use crate::draw;
 use rlany_framework::check::{self, Checked};
 use rlany_framework::plugin::EnvironmentPlugin;
 use rlany_framework::{Difficulty, Dim, Environment, Episode, Rng, Split, StepResult};
@@ -368,10 +369,7 @@ impl Arith {
     /// `(extra operands, extra digits, per-column carry probability)` for `d`, before
     /// rounding.
     fn params(&self, d: &[f64]) -> (f64, f64, f64) {
-        let coord = |i: usize| {
-            let x = d.get(i).copied().unwrap_or(0.0);
-            if x.is_nan() { 0.0 } else { x.clamp(0.0, 1.0) }
-        };
+        let coord = |i: usize| draw::coord(d, i);
         (
             coord(OPERANDS) * (self.cfg.max_operands - 2) as f64,
             coord(MAGNITUDE) * f64::from(self.cfg.max_digits - 1),
@@ -394,7 +392,10 @@ impl Arith {
                     + usize::from(Rng::derive(base, "arith/ood").bernoulli(0.5))
             }
             Split::Train | Split::Eval => {
-                2 + stochastic_round(extra_operands, Rng::derive(base, "arith/length").uniform())
+                2 + draw::stochastic_round(
+                    extra_operands,
+                    Rng::derive(base, "arith/length").uniform(),
+                )
             }
         };
         let cols = self.cfg.max_digits as usize;
@@ -409,7 +410,7 @@ impl Arith {
             }
             u
         };
-        let k0 = 2 + stochastic_round(extra_digits, size_rng.uniform());
+        let k0 = 2 + draw::stochastic_round(extra_digits, size_rng.uniform());
         let mut value = first_operand(k0, &digit_draws());
         let mut operands = Vec::with_capacity(n);
         let mut ops = Vec::with_capacity(n - 1);
@@ -420,7 +421,7 @@ impl Arith {
             } else {
                 Op::Sub
             };
-            let k = 1 + stochastic_round(extra_digits, size_rng.uniform());
+            let k = 1 + draw::stochastic_round(extra_digits, size_rng.uniform());
             let mut coins = [false; DIGITS_RANGE.1 as usize];
             for c in coins.iter_mut().take(cols) {
                 *c = carry_rng.uniform() < carry_rate;
@@ -458,12 +459,6 @@ impl Environment for Arith {
         let steps = flawed_solution(&operands, &ops, noise, &mut slips);
         (chain_text(&operands, &ops), steps)
     }
-}
-
-/// `⌊x⌋ + [u < frac(x)]` for a finite `x ≥ 0`: mean `x`, monotone in `x` for a fixed `u`.
-fn stochastic_round(x: f64, u: f64) -> usize {
-    let floor = x.floor();
-    floor as usize + usize::from(u < x - floor)
 }
 
 /// `10^k`.

@@ -28,6 +28,7 @@
 pub mod arith;
 pub mod codegen;
 pub mod desktop;
+mod draw;
 pub mod household;
 pub mod proposers;
 

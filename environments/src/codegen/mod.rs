@@ -140,6 +140,7 @@
 
 pub mod lang;
 
+use crate::draw;
 use lang::{FoldOp, Stmt};
 use rlany_framework::check::{self, Checked};
 use rlany_framework::plugin::EnvironmentPlugin;
@@ -506,10 +507,7 @@ impl Codegen {
     }
 
     fn draw(&self, d: &[f64], split: Split, seed: u64) -> Task {
-        let coord = |i: usize| {
-            let x = d.get(i).copied().unwrap_or(0.0);
-            if x.is_nan() { 0.0 } else { x.clamp(0.0, 1.0) }
-        };
+        let coord = |i: usize| draw::coord(d, i);
         let base = match split {
             Split::Train => seed,
             Split::Eval => Rng::derive(seed, "codegen/split/eval").next_u64(),
@@ -517,7 +515,7 @@ impl Codegen {
         };
         let s = self.max_stages;
         let r = Self::range(coord(MAGNITUDE));
-        let mut n = 1 + stochastic_round(
+        let mut n = 1 + draw::stochastic_round(
             coord(LENGTH) * (s - 1) as f64,
             Rng::derive(base, "codegen/length").uniform(),
         );
@@ -567,7 +565,7 @@ impl Codegen {
                 [((which * 4.0) as usize).min(3)]
         });
         let visible = MAX_VISIBLE
-            - stochastic_round(
+            - draw::stochastic_round(
                 coord(EXAMPLES) * (MAX_VISIBLE - 1) as f64,
                 Rng::derive(base, "codegen/examples").uniform(),
             );
@@ -643,12 +641,6 @@ fn held_out(a: Class, b: Class) -> bool {
         (a, b),
         (Class::Keep, Class::Scan) | (Class::Map, Class::Pair)
     )
-}
-
-/// `⌊y⌋ + [u < frac(y)]` for a finite `y ≥ 0`: mean `y`, monotone in `y` for a fixed `u`.
-fn stochastic_round(y: f64, u: f64) -> usize {
-    let floor = y.floor();
-    floor as usize + usize::from(u < y - floor)
 }
 
 fn normalised(mut dims: Vec<usize>) -> Vec<usize> {

@@ -714,19 +714,13 @@ pub fn expert(app: &App, goal: &Goal, hints: &[Hint]) -> Option<String> {
         .map(|m| format!("click({m})"))
 }
 
-/// The most actions the expert is simulated for.
-pub const PLAN_CAP: usize = 64;
-
-/// The expert's remaining number of actions from `app` (`PLAN_CAP` if it cannot finish).
+/// The expert's remaining number of actions from `app` (64, the simulation's cap, if it
+/// cannot finish).
 pub fn distance(app: &App, goal: &Goal, hints: &[Hint]) -> usize {
-    let mut app = app.clone();
-    for n in 0..PLAN_CAP {
-        let Some(a) = expert(&app, goal, hints) else {
-            return if app.satisfied(goal) { n } else { PLAN_CAP };
-        };
-        if !app.act(&a).valid {
-            return PLAN_CAP;
-        }
-    }
-    PLAN_CAP
+    crate::draw::plan_length(
+        app,
+        |a| expert(a, goal, hints),
+        |a, action| a.act(action).valid,
+        |a| a.satisfied(goal),
+    )
 }

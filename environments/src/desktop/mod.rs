@@ -132,7 +132,8 @@
 
 pub mod app;
 
-use app::{App, Control, Dialog, Elem, Goal, Hint, Id, Setting};
+use crate::draw;
+use app::{Action, App, Control, Dialog, Elem, Goal, Hint, Id, Setting};
 use rlany_framework::check::{self, Checked};
 use rlany_framework::plugin::EnvironmentPlugin;
 use rlany_framework::{Difficulty, Dim, Environment, Episode, Rng, Split, StepResult};
@@ -256,16 +257,6 @@ struct Task {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Desktop;
 
-/// `⌊y⌋ + [u < frac(y)]` for a finite `y ≥ 0`.
-fn stochastic_round(y: f64, u: f64) -> usize {
-    let floor = y.floor();
-    floor as usize + usize::from(u < y - floor)
-}
-
-fn pick(u: f64, n: usize) -> usize {
-    ((u * n as f64) as usize).min(n - 1)
-}
-
 impl Desktop {
     /// Like [`Environment::sample`], but returns the concrete episode type.
     pub fn sample_episode(&self, d: &[f64], split: Split, seed: u64) -> DesktopEpisode {
@@ -273,17 +264,14 @@ impl Desktop {
     }
 
     fn draw(&self, d: &[f64], split: Split, seed: u64) -> Task {
-        let coord = |i: usize| {
-            let x = d.get(i).copied().unwrap_or(0.0);
-            if x.is_nan() { 0.0 } else { x.clamp(0.0, 1.0) }
-        };
+        let coord = |i: usize| draw::coord(d, i);
         let base = match split {
             Split::Train => seed,
             Split::Eval => Rng::derive(seed, "desktop/split/eval").next_u64(),
             Split::Ood => Rng::derive(seed, "desktop/split/ood").next_u64(),
         };
         let stream = |part: &str| Rng::derive(base, &format!("desktop/{part}"));
-        let sround = |y: f64, part: &str| stochastic_round(y, stream(part).uniform());
+        let sround = |y: f64, part: &str| draw::stochastic_round(y, stream(part).uniform());
         let depth_rate = coord(DEPTH) * MAX_DEPTH_RATE;
         let n_sub = 1 + sround(coord(SUBGOALS) * 2.0, "subgoals/round");
         let n_dud = sround(
@@ -295,7 +283,7 @@ impl Desktop {
 
         // The goal: two distinct settings and their values (always drawn), the first n used.
         let mut g = stream("goal");
-        let first = pick(g.uniform(), table.len());
+        let first = draw::index(g.uniform(), table.len());
         // The second setting shares the first one's dialog when the dialog has another
         // ("autosave on, minutes 5"), else it is any other setting.
         let u_second = g.uniform();
@@ -303,9 +291,9 @@ impl Desktop {
             .filter(|&s| s != first && table[s].3 == table[first].3)
             .collect();
         let second = if mates.is_empty() {
-            (first + 1 + pick(u_second, table.len() - 1)) % table.len()
+            (first + 1 + draw::index(u_second, table.len() - 1)) % table.len()
         } else {
-            mates[pick(u_second, mates.len())]
+            mates[draw::index(u_second, mates.len())]
         };
         let value_u = [g.uniform(), g.uniform()];
         let count = if n_sub == 3 { 2 } else { 1 };
@@ -317,11 +305,13 @@ impl Desktop {
                 Control::Check => "on".to_string(),
                 Control::Drop(options) => {
                     let others: Vec<&&str> = options.iter().filter(|o| *o != default).collect();
-                    others[pick(u, others.len())].to_string()
+                    others[draw::index(u, others.len())].to_string()
                 }
-                Control::Field if table[s].0 == "title" => TITLES[pick(u, TITLES.len())].into(),
+                Control::Field if table[s].0 == "title" => {
+                    TITLES[draw::index(u, TITLES.len())].into()
+                }
                 Control::Field => {
-                    let m = 2 + pick(u, 58);
+                    let m = 2 + draw::index(u, 58);
                     (if m >= 10 { m + 1 } else { m }).to_string()
                 }
             }
@@ -337,7 +327,7 @@ impl Desktop {
             let (coin, which) = (lay.uniform(), lay.uniform());
             let mut m = home;
             if coin < MOVE_RATE {
-                m = (home + 1 + pick(which, BAR.len() - 1)) % BAR.len();
+                m = (home + 1 + draw::index(which, BAR.len() - 1)) % BAR.len();
                 if m == held {
                     m = (m + 1) % BAR.len();
                     if m == home {
@@ -410,7 +400,7 @@ impl Desktop {
         // Distractor items.
         for m in 0..BAR.len() {
             for k in 0..n_dud {
-                let label = DUD_ITEMS[pick(dud_u[m * MAX_DISTRACTORS + k], DUD_ITEMS.len())];
+                let label = DUD_ITEMS[draw::index(dud_u[m * MAX_DISTRACTORS + k], DUD_ITEMS.len())];
                 if !bar_items[m]
                     .iter()
                     .any(|&i| elems[i - 1] == Elem::Dud { label })
@@ -448,7 +438,8 @@ impl Desktop {
                 tabs[usize::from(on_tab2[s])].1.push(id);
             }
             for k in 0..n_dud.min(1) {
-                let name = DUD_CHECKS[pick(chk_u[dl * MAX_DISTRACTORS + k], DUD_CHECKS.len())];
+                let name =
+                    DUD_CHECKS[draw::index(chk_u[dl * MAX_DISTRACTORS + k], DUD_CHECKS.len())];
                 if settings.iter().any(|st| st.name == name) {
                     continue;
                 }
@@ -600,7 +591,7 @@ impl Environment for Desktop {
         let noise = if noise.is_nan() { 0.0 } else { noise };
         let mut slip = Rng::derive(seed, "desktop/slip");
         let (coin, kind) = (slip.uniform(), slip.uniform());
-        let mistake = (coin < noise).then(|| pick(kind, 3));
+        let mistake = (coin < noise).then(|| draw::index(kind, 3));
         // Mistake 0: forget a sub-goal (the save, else the second setting, else the only
         // setting's save… a one-setting goal without save forgets nothing and slips instead).
         let mut believed = task.goal.clone();
@@ -647,7 +638,7 @@ impl Environment for Desktop {
                 if a.dialog.is_some() || a.list.is_some() {
                     "key(escape)".to_string()
                 } else {
-                    format!("click({})", a.bar[pick(v, a.bar.len())])
+                    format!("click({})", a.bar[draw::index(v, a.bar.len())])
                 }
             });
             let Some(mut action) = wander.or_else(|| app::expert(&a, &believed, &task.hints))
@@ -733,13 +724,9 @@ impl DesktopEpisode {
         if a == "key(ctrl+s)" {
             return vec![SUBGOALS];
         }
-        let id = a
-            .trim_start_matches(|c: char| !c.is_ascii_digit())
-            .split(|c: char| !c.is_ascii_digit())
-            .next()
-            .and_then(|s| s.parse::<Id>().ok());
-        let Some(id) = id else {
-            return Vec::new();
+        let id = match app::parse(&a) {
+            Ok(Action::Click(id) | Action::Type(id, _) | Action::Scroll(id, _)) => id,
+            _ => return Vec::new(),
         };
         let mut dims = Vec::new();
         match self.app.elems.get(id.wrapping_sub(1)) {

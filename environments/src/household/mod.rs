@@ -128,6 +128,7 @@
 
 pub mod world;
 
+use crate::draw;
 use rlany_framework::check::{self, Checked};
 use rlany_framework::plugin::EnvironmentPlugin;
 use rlany_framework::{Difficulty, Dim, Environment, Episode, Rng, Split, StepResult};
@@ -229,17 +230,14 @@ impl Household {
     }
 
     fn draw(&self, d: &[f64], split: Split, seed: u64) -> Task {
-        let coord = |i: usize| {
-            let x = d.get(i).copied().unwrap_or(0.0);
-            if x.is_nan() { 0.0 } else { x.clamp(0.0, 1.0) }
-        };
+        let coord = |i: usize| draw::coord(d, i);
         let base = match split {
             Split::Train => seed,
             Split::Eval => Rng::derive(seed, "household/split/eval").next_u64(),
             Split::Ood => Rng::derive(seed, "household/split/ood").next_u64(),
         };
         let stream = |part: &str| Rng::derive(base, &format!("household/{part}"));
-        let sround = |y: f64, part: &str| stochastic_round(y, stream(part).uniform());
+        let sround = |y: f64, part: &str| draw::stochastic_round(y, stream(part).uniform());
         let n_rooms = 1 + sround(coord(ROOMS) * (MAX_ROOMS - 1) as f64, "rooms/round");
         let n_shut = sround(coord(SEARCH) * MAX_SHUT as f64, "search/round");
         let level = sround(coord(GOAL) * 2.0, "goal/round");
@@ -253,14 +251,13 @@ impl Household {
         // The goal: type, object, destination.
         let mut g = stream("goal");
         let (u_type, u_obj, u_dest) = (g.uniform(), g.uniform(), g.uniform());
-        let pick = |u: f64, n: usize| ((u * n as f64) as usize).min(n - 1);
         let kind = match level {
             0 => Kind::Put(Need::Plain, 1),
             1 => {
                 let kinds = [Need::Clean, Need::Hot, Need::Cold];
-                if split == Split::Ood || pick(u_type, 4) < 3 {
+                if split == Split::Ood || draw::index(u_type, 4) < 3 {
                     let n = if split == Split::Ood { 3 } else { 4 };
-                    Kind::Put(kinds[pick(u_type, n).min(2)], 1)
+                    Kind::Put(kinds[draw::index(u_type, n).min(2)], 1)
                 } else {
                     Kind::Look
                 }
@@ -268,25 +265,25 @@ impl Household {
             _ => Kind::Put(Need::Plain, 2),
         };
         let (obj, dest_name) = match (kind, split) {
-            (Kind::Look, _) => (LOOK_OBJECTS[pick(u_obj, LOOK_OBJECTS.len())], None),
+            (Kind::Look, _) => (LOOK_OBJECTS[draw::index(u_obj, LOOK_OBJECTS.len())], None),
             (_, Split::Ood) => {
-                let (o, dn) = HELD_OUT[pick(u_obj, HELD_OUT.len())];
+                let (o, dn) = HELD_OUT[draw::index(u_obj, HELD_OUT.len())];
                 (o, Some(dn))
             }
             _ => {
-                let o = PUT_OBJECTS[pick(u_obj, PUT_OBJECTS.len())];
+                let o = PUT_OBJECTS[draw::index(u_obj, PUT_OBJECTS.len())];
                 let allowed: Vec<&str> = DESTINATIONS
                     .iter()
                     .copied()
                     .filter(|dn| !HELD_OUT.contains(&(o, *dn)))
                     .collect();
-                (o, Some(allowed[pick(u_dest, allowed.len())]))
+                (o, Some(allowed[draw::index(u_dest, allowed.len())]))
             }
         };
 
         // Receptacles, in listing order: surfaces, devices, cupboards, the destination last.
         let mut place = stream("place");
-        let mut room_of = |n: usize| pick(place.uniform(), n);
+        let mut room_of = |n: usize| draw::index(place.uniform(), n);
         let mut recs: Vec<Receptacle> = Vec::new();
         let rec = |name, room, container, open, tool| Receptacle {
             name,
@@ -352,9 +349,9 @@ impl Household {
         let mut objs = Vec::new();
         let (u_room, u_shut) = (source.uniform(), source.uniform());
         let at = if n_shut == 0 {
-            pick(u_room, n_rooms)
+            draw::index(u_room, n_rooms)
         } else {
-            first_cupboard + pick(u_shut, n_shut)
+            first_cupboard + draw::index(u_shut, n_shut)
         };
         // A second instance (two-object goals) lies with the first.
         for _ in 0..count {
@@ -382,7 +379,7 @@ impl Household {
             let (coin, which) = by_kind[k];
             if coin < FILLER_RATE {
                 // Never the goal's object: its neighbour in the list instead.
-                let i = pick(which, FILLERS.len());
+                let i = draw::index(which, FILLERS.len());
                 let name = if FILLERS[i] == obj {
                     FILLERS[(i + 1) % FILLERS.len()]
                 } else {
@@ -500,12 +497,6 @@ fn prompt(w: &World, goal: Goal, hints: &[Hint], list_actions: bool) -> String {
     p
 }
 
-/// `⌊y⌋ + [u < frac(y)]` for a finite `y ≥ 0`: mean `y`, monotone in `y` for a fixed `u`.
-fn stochastic_round(y: f64, u: f64) -> usize {
-    let floor = y.floor();
-    floor as usize + usize::from(u < y - floor)
-}
-
 impl Environment for Household {
     fn difficulty_space(&self) -> Vec<Dim> {
         let dim = |name: &str, lo: f64, hi: f64| Dim {
@@ -603,7 +594,7 @@ fn forgotten(w: &World, goal: Goal) -> Goal {
 fn wander(w: &World, v: f64) -> Option<String> {
     let n = w.rooms.len();
     if n > 1 {
-        let other = (w.agent + 1 + ((v * (n - 1) as f64) as usize).min(n - 2)) % n;
+        let other = (w.agent + 1 + draw::index(v, n - 1)) % n;
         return Some(format!("go {}", w.rooms[other]));
     }
     let shut: Vec<&Receptacle> = w
@@ -613,12 +604,7 @@ fn wander(w: &World, v: f64) -> Option<String> {
         .filter(|(i, r)| r.room == w.agent && r.container && !r.open && w.visible(*i))
         .map(|(_, r)| r)
         .collect();
-    (!shut.is_empty()).then(|| {
-        format!(
-            "open {}",
-            shut[((v * shut.len() as f64) as usize).min(shut.len() - 1)].name
-        )
-    })
+    (!shut.is_empty()).then(|| format!("open {}", shut[draw::index(v, shut.len())].name))
 }
 
 /// What the episode remembers of one step.

@@ -596,19 +596,13 @@ fn open_or(w: &World, r: usize, then: impl FnOnce() -> String) -> String {
     }
 }
 
-/// The most actions the expert is simulated for before a state counts as hopeless.
-pub const PLAN_CAP: usize = 64;
-
-/// The expert's remaining number of actions from `w` (`PLAN_CAP` if it cannot finish).
+/// The expert's remaining number of actions from `w` (64, the simulation's cap, if it
+/// cannot finish).
 pub fn distance(w: &World, goal: Goal, hints: &[Hint]) -> usize {
-    let mut w = w.clone();
-    for n in 0..PLAN_CAP {
-        let Some(a) = expert(&w, goal, hints) else {
-            return if w.satisfied(goal) { n } else { PLAN_CAP };
-        };
-        if !w.act(&a, goal).valid {
-            return PLAN_CAP;
-        }
-    }
-    PLAN_CAP
+    crate::draw::plan_length(
+        w,
+        |w| expert(w, goal, hints),
+        |w, a| w.act(a, goal).valid,
+        |w| w.satisfied(goal),
+    )
 }
