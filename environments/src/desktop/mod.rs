@@ -17,14 +17,14 @@
 //! click(2)                                   (the expert's actions; after each, the view:)
 //! Edit: [7]Undo [8]Font                      ← an open menu (`name>` is a submenu)
 //! click(8)
-//! Font: [13]size=10 [14]bold=off [15]font=Arial [16]OK [17]Cancel   ← a dialog
+//! Font: [13]size=10 [14]bold=off [15]font=Arial [18]OK [19]Cancel   ← a dialog
 //! click(13)
-//! size: -2 [32]10 [33]11 [34]12 [35]14 +3    ← a drop-down list: 2 above, 3 below
+//! size: -2 [40]10 [41]11 [42]12 [43]14 +3    ← a drop-down list: 2 above, 3 below
 //! scroll(13, 3)
-//! size: -5 [35]14 [36]16 [37]18 [38]20
-//! click(36)
+//! size: -5 [43]14 [44]16 [45]18 [46]20
+//! click(44)
 //! [13]size=16
-//! click(16)
+//! click(18)
 //! applied size=16                            ← what OK changed
 //! key(ctrl+s)                                ← the episode ends when the goal holds
 //! ```
@@ -33,6 +33,20 @@
 //! does not parse, or an element that is not on the visible layer, is a wasted step with the
 //! observation `error: <why>` and no change. Text typed into a field keeps its first 16
 //! letters and digits.
+//!
+//! # Element ids
+//!
+//! Ids are stable automation ids, like the `AutomationId` of Windows UI Automation: every
+//! real element (a menu, `Save`, an entry point, a control, a tab, a button, an option) has
+//! the same id in every task, whatever the layout, depth or distractors — `size` is always
+//! 13 and the Font dialog's OK always 18. What varies from task to task (distractor items,
+//! `More>` submenus, distractor check boxes) is numbered after them (a test checks both).
+//! So an agent can learn where an element's id is, but not where the element is: which
+//! menu holds an entry point (the layout), whether it sits in a submenu or on a second tab
+//! (depth), and which items are noise, it must read from the views. An earlier version
+//! numbered elements in creation order, so the ids of real elements shifted with the
+//! distractors; a small character-level policy then could not bind a setting's name to the
+//! id in front of it (reports/results/desktop-pilot/PILOT.md).
 //!
 //! # Settings and where they are
 //!
@@ -356,8 +370,11 @@ impl Desktop {
             .collect();
         let chk_u: Vec<f64> = (0..4 * MAX_DISTRACTORS).map(|_| dis.uniform()).collect();
 
-        // Build the elements: bar menus first (ids 1..=5), then each menu's items, then the
-        // dialogs' elements, then the options.
+        // Build the elements. Real elements first, in a fixed order, so that each has the
+        // same id in every task (a stable automation id): the bar menus (ids 1..=5), Save,
+        // Undo, the entry points, each dialog's controls, two tabs, OK and Cancel, then the
+        // drop-down options. What varies from task to task comes after them: distractor
+        // items, `More>` submenus and distractor check boxes.
         let mut elems: Vec<Elem> = BAR
             .iter()
             .map(|&label| Elem::Menu {
@@ -377,7 +394,6 @@ impl Desktop {
             elems.push(e);
             elems.len()
         };
-        let mut dialogs: Vec<Dialog> = Vec::new();
         let mut bar_items: Vec<Vec<Id>> = vec![Vec::new(); BAR.len()];
         let mut sub_items: Vec<Vec<Id>> = vec![Vec::new(); BAR.len()];
         // Fixed items.
@@ -397,7 +413,43 @@ impl Desktop {
                 bar_items[menu_of[e]].push(id);
             }
         }
-        // Distractor items.
+        // Dialogs: controls, both tabs (used only when the second one has a control),
+        // buttons.
+        let mut dialogs: Vec<Dialog> = Vec::new();
+        for (dl, &(label, _, _)) in ENTRIES.iter().enumerate().take(4) {
+            let mut tabs: Vec<(&'static str, Vec<Id>)> =
+                vec![("Main", Vec::new()), ("More", Vec::new())];
+            for s in (0..table.len()).filter(|&s| table[s].3 == dl) {
+                let id = push(&mut elems, Elem::Ctrl { setting: s });
+                tabs[usize::from(on_tab2[s])].1.push(id);
+            }
+            let both: Vec<Id> = (0..2)
+                .map(|t| push(&mut elems, Elem::Tab { dialog: dl, tab: t }))
+                .collect();
+            let tab_ids = if tabs[1].1.is_empty() {
+                tabs.pop();
+                Vec::new()
+            } else {
+                both
+            };
+            let ok = push(&mut elems, Elem::Ok);
+            let cancel = push(&mut elems, Elem::Cancel);
+            dialogs.push(Dialog {
+                label,
+                tabs,
+                tab_ids,
+                ok,
+                cancel,
+            });
+        }
+        for (s, row) in table.iter().enumerate() {
+            if let Control::Drop(options) = &row.1 {
+                for index in 0..options.len() {
+                    push(&mut elems, Elem::Opt { setting: s, index });
+                }
+            }
+        }
+        // Distractor items, after each menu's real items.
         for m in 0..BAR.len() {
             for k in 0..n_dud {
                 let label = DUD_ITEMS[draw::index(dud_u[m * MAX_DISTRACTORS + k], DUD_ITEMS.len())];
@@ -410,7 +462,7 @@ impl Desktop {
                 }
             }
         }
-        // Submenus.
+        // Submenus, last in their menu.
         for m in 0..BAR.len() {
             if !sub_items[m].is_empty() {
                 let items = std::mem::take(&mut sub_items[m]);
@@ -429,14 +481,8 @@ impl Desktop {
                 *slot = items;
             }
         }
-        // Dialogs: controls (with distractor check boxes), tabs, buttons.
-        for (dl, &(label, _, _)) in ENTRIES.iter().enumerate().take(4) {
-            let mut tabs: Vec<(&'static str, Vec<Id>)> =
-                vec![("Main", Vec::new()), ("More", Vec::new())];
-            for s in (0..table.len()).filter(|&s| table[s].3 == dl) {
-                let id = push(&mut elems, Elem::Ctrl { setting: s });
-                tabs[usize::from(on_tab2[s])].1.push(id);
-            }
+        // Distractor check boxes, on each dialog's first tab after its controls.
+        for (dl, dialog) in dialogs.iter_mut().enumerate() {
             for k in 0..n_dud.min(1) {
                 let name =
                     DUD_CHECKS[draw::index(chk_u[dl * MAX_DISTRACTORS + k], DUD_CHECKS.len())];
@@ -454,33 +500,7 @@ impl Desktop {
                         setting: settings.len() - 1,
                     },
                 );
-                tabs[0].1.push(id);
-            }
-            if tabs[1].1.is_empty() {
-                tabs.pop();
-            }
-            let tab_ids: Vec<Id> = if tabs.len() > 1 {
-                (0..tabs.len())
-                    .map(|t| push(&mut elems, Elem::Tab { dialog: dl, tab: t }))
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            let ok = push(&mut elems, Elem::Ok);
-            let cancel = push(&mut elems, Elem::Cancel);
-            dialogs.push(Dialog {
-                label,
-                tabs,
-                tab_ids,
-                ok,
-                cancel,
-            });
-        }
-        for (s, row) in table.iter().enumerate() {
-            if let Control::Drop(options) = &row.1 {
-                for index in 0..options.len() {
-                    push(&mut elems, Elem::Opt { setting: s, index });
-                }
+                dialog.tabs[0].1.push(id);
             }
         }
         let n = elems.len();

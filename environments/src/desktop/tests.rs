@@ -209,6 +209,38 @@ fn tasks_are_pure_functions_of_difficulty_split_and_seed() {
     );
 }
 
+#[test]
+fn real_elements_have_the_same_id_in_every_task() {
+    // At level 0 there are no distractors and no submenus: every element is a real one.
+    let env = Desktop;
+    let reference = env.draw(&[0.0; 4], Split::Train, 0).app;
+    let real = reference.elems.len();
+    let label = |e: &Elem| match e {
+        Elem::Menu { label, .. } => Some(*label),
+        _ => None,
+    };
+    let mut rng = Rng::new(11);
+    for seed in 0..2000 {
+        let d: Vec<f64> = (0..4).map(|_| rng.uniform()).collect();
+        let split = [Split::Train, Split::Eval, Split::Ood][seed as usize % 3];
+        let app = env.draw(&d, split, seed).app;
+        assert!(app.elems.len() >= real);
+        for (i, (a, b)) in reference.elems.iter().zip(&app.elems).enumerate() {
+            match a {
+                // A bar menu's items depend on the layout; its id and label do not.
+                Elem::Menu { .. } => assert_eq!(label(a), label(b), "id {}", i + 1),
+                _ => assert_eq!(a, b, "id {} at {d:?}, seed {seed}", i + 1),
+            }
+        }
+        // Whatever varies (distractor items, submenus, distractor check boxes) comes after.
+        for e in &app.elems[real..] {
+            let varying = matches!(e, Elem::Dud { .. } | Elem::Menu { .. })
+                || matches!(e, Elem::Ctrl { setting } if *setting >= reference.settings.len());
+            assert!(varying, "{e:?} after the real elements");
+        }
+    }
+}
+
 /// The structural counts each dimension controls.
 fn counts(t: &Task) -> [usize; 4] {
     let app = &t.app;
