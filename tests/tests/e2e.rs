@@ -279,7 +279,7 @@ fn every_ablation_row_runs_with_a_tiny_budget() {
         files.extend(rows);
         folders += 1;
     }
-    assert!(folders >= 3, "arith, codegen and household");
+    assert!(folders >= 4, "arith, codegen, household and desktop");
     let dir = scratch("ablation");
     for (i, f) in files.iter().enumerate() {
         // The row within its suite (each suite has rows 0..4, in file-name order).
@@ -414,10 +414,15 @@ fn shipped_experiment_files_are_valid() {
         .collect();
     // The quickstarts and the five ablation rows of each suite, at least: a file the walk
     // missed fails here.
-    for quickstart in ["quickstart.ron", "codegen.ron", "household.ron"] {
+    for quickstart in [
+        "quickstart.ron",
+        "codegen.ron",
+        "household.ron",
+        "desktop.ron",
+    ] {
         assert!(names.iter().any(|n| n == quickstart), "{names:?}");
     }
-    for suite in ["arith", "codegen", "household"] {
+    for suite in ["arith", "codegen", "household", "desktop"] {
         let prefix = format!("ablation/{suite}/");
         assert!(
             names.iter().filter(|n| n.starts_with(&prefix)).count() >= 5,
@@ -431,7 +436,12 @@ fn quickstart_smoke_with_a_tiny_budget() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("..")
         .join("experiments");
-    for file in ["quickstart.ron", "codegen.ron", "household.ron"] {
+    for file in [
+        "quickstart.ron",
+        "codegen.ron",
+        "household.ron",
+        "desktop.ron",
+    ] {
         let mut exp = rlany::Experiment::load(&root.join(file)).expect("quickstart");
         exp.policy.warm_start.steps = 5;
         exp.budget.steps = 2;
