@@ -5,6 +5,17 @@ use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+/// The shipped quickstarts (under `experiments/`), one per environment.
+const QUICKSTARTS: [&str; 4] = [
+    "quickstart.ron",
+    "codegen.ron",
+    "household.ron",
+    "desktop.ron",
+];
+
+/// The shipped ablation suites (folders under `experiments/ablation/`).
+const SUITES: [&str; 4] = ["arith", "codegen", "household", "desktop"];
+
 /// A small but real experiment: the arith environment at its easiest setting, a 1-layer
 /// policy, a few steps. Budgets are tiny so the whole file runs in seconds.
 const TINY: &str = r#"
@@ -279,7 +290,7 @@ fn every_ablation_row_runs_with_a_tiny_budget() {
         files.extend(rows);
         folders += 1;
     }
-    assert!(folders >= 4, "arith, codegen, household and desktop");
+    assert!(folders >= SUITES.len(), "{SUITES:?}");
     let dir = scratch("ablation");
     for (i, f) in files.iter().enumerate() {
         // The row within its suite (each suite has rows 0..4, in file-name order).
@@ -414,15 +425,10 @@ fn shipped_experiment_files_are_valid() {
         .collect();
     // The quickstarts and the five ablation rows of each suite, at least: a file the walk
     // missed fails here.
-    for quickstart in [
-        "quickstart.ron",
-        "codegen.ron",
-        "household.ron",
-        "desktop.ron",
-    ] {
+    for quickstart in QUICKSTARTS {
         assert!(names.iter().any(|n| n == quickstart), "{names:?}");
     }
-    for suite in ["arith", "codegen", "household", "desktop"] {
+    for suite in SUITES {
         let prefix = format!("ablation/{suite}/");
         assert!(
             names.iter().filter(|n| n.starts_with(&prefix)).count() >= 5,
@@ -436,12 +442,7 @@ fn quickstart_smoke_with_a_tiny_budget() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("..")
         .join("experiments");
-    for file in [
-        "quickstart.ron",
-        "codegen.ron",
-        "household.ron",
-        "desktop.ron",
-    ] {
+    for file in QUICKSTARTS {
         let mut exp = rlany::Experiment::load(&root.join(file)).expect("quickstart");
         exp.policy.warm_start.steps = 5;
         exp.budget.steps = 2;
