@@ -14,8 +14,10 @@ mod decode;
 mod error;
 mod tokenizer;
 mod transformer;
+mod weights;
 
 pub use decode::Contexts;
 pub use error::ModelError;
 pub use tokenizer::CharTokenizer;
 pub use transformer::{KvCache, Transformer, TransformerConfig};
+pub use weights::{HfWeights, HostTensor, transformer_from_hf, transformer_to_hf};

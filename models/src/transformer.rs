@@ -150,7 +150,10 @@ impl TransformerConfig {
     }
 
     /// The model with lazily initialised parameters (for loading weights into).
-    fn build<B: Backend>(&self, device: &B::Device) -> Result<Transformer<B>, ModelError> {
+    pub(crate) fn build<B: Backend>(
+        &self,
+        device: &B::Device,
+    ) -> Result<Transformer<B>, ModelError> {
         self.validate()?;
         let head_dim = self.head_dim();
         let linear = |d_in: usize, d_out: usize, bias: bool| {
