@@ -32,4 +32,16 @@ pub enum ModelError {
         /// The first difference found.
         message: String,
     },
+    /// A tokenizer description that cannot be used (bad vocabulary, merges or ids, or an
+    /// unsupported pre-tokenizer).
+    #[error("invalid tokenizer: {0}")]
+    Tokenizer(String),
+    /// Reading a tokenizer file failed (missing, unreadable, unsupported or invalid).
+    #[error("cannot load the tokenizer from {}: {message}", path.display())]
+    TokenizerFile {
+        /// The tokenizer file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
 }

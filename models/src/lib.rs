@@ -10,14 +10,21 @@
 //! grouped-query attention (arXiv 2305.13245), SwiGLU (arXiv 2002.05202), nucleus sampling
 //! (arXiv 1904.09751).
 
+mod bpe;
 mod decode;
 mod error;
+pub mod gguf;
+mod hf;
+mod pretrained;
 mod tokenizer;
 mod transformer;
 mod weights;
 
+pub use bpe::{BpeSpec, BpeTokenizer, PreTokenizer, SpecialIds};
 pub use decode::Contexts;
 pub use error::ModelError;
+pub use hf::{HfArch, load_hf_dir, read_hf_config, save_hf_dir};
+pub use pretrained::{ChatTemplate, Pretrained, Role, is_pretrained_source, load_pretrained};
 pub use tokenizer::CharTokenizer;
 pub use transformer::{KvCache, Transformer, TransformerConfig};
 pub use weights::{HfWeights, HostTensor, transformer_from_hf, transformer_to_hf};

@@ -130,7 +130,7 @@ pub fn transformer_from_hf<B: Backend>(
     }
     let unused: Vec<&String> = weights
         .keys()
-        .filter(|n| !ignorable(n) && !(config.tie_embeddings && *n == "lm_head.weight"))
+        .filter(|n| !ignorable(n) && (!config.tie_embeddings || *n != "lm_head.weight"))
         .collect();
     if !unused.is_empty() {
         return Err(ModelError::Mismatch {
