@@ -7,8 +7,10 @@
 mod bench;
 mod bench_models;
 mod envcmd;
+mod generate;
 pub mod overrides;
 pub mod plugins;
+pub mod pretrained;
 pub mod suite;
 
 use anyhow::{Context, Result};
@@ -127,6 +129,12 @@ enum Command {
         #[command(flatten)]
         args: envcmd::EnvArgs,
     },
+    /// What a pretrained model (GGUF file or Hugging Face directory) answers to one user
+    /// message, in its own chat template; greedy unless --temperature is given.
+    Generate {
+        #[command(flatten)]
+        args: generate::GenerateArgs,
+    },
     /// Validate experiment files without running them; print the resolved experiment.
     Check {
         /// Experiment files.
@@ -179,6 +187,7 @@ fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Bench { args } => bench::run(args),
         Command::Env { args } => envcmd::run(&args),
+        Command::Generate { args } => generate::run(&args),
         Command::Report { paths, out, bench } => {
             let out = match (out, paths.first(), bench.first()) {
                 (Some(o), _, _) => o,

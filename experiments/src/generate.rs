@@ -1,0 +1,133 @@
+//! `rlany generate`: what a pretrained model says to one user message, before any training.
+//!
+//! The message is wrapped in the model's own chat template with its default system prompt
+//! (or `--system`), the reply is decoded greedily unless `--temperature` says otherwise, and
+//! it ends at the template's end-of-message token or `--max-tokens`. Load time, speed and
+//! peak memory go to stderr; the reply alone to stdout.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use burn::backend::NdArray;
+use rlany_framework::{CausalLm, Rng, SampleParams, Tokenizer};
+use rlany_models::{Role, load_pretrained};
+
+use crate::UsageError;
+use crate::pretrained::missing_model_hint;
+
+/// The options of `rlany generate`.
+#[derive(clap::Args, Debug)]
+pub struct GenerateArgs {
+    /// A GGUF file or a Hugging Face directory (config.json, *.safetensors, tokenizer.json).
+    pub model: PathBuf,
+    /// The user message.
+    #[arg(long)]
+    pub prompt: String,
+    /// The system prompt (default: the chat template's own).
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Most tokens in the reply.
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f64,
+    /// Nucleus mass in (0, 1]; 1 disables it.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f64,
+    /// Seed of the sampler (with --temperature > 0).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Context to allocate (capped by the model's own).
+    #[arg(long, default_value_t = 2048)]
+    pub max_seq_len: usize,
+    /// Also print the prompt exactly as the model reads it.
+    #[arg(long)]
+    pub show_prompt: bool,
+}
+
+/// Peak resident memory of this process so far, in MiB (Linux; `None` elsewhere).
+pub(crate) fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// `rlany generate`.
+pub fn run(args: &GenerateArgs) -> Result<()> {
+    if !(args.temperature >= 0.0 && args.temperature.is_finite()) {
+        return Err(UsageError(format!("--temperature {} must be ≥ 0", args.temperature)).into());
+    }
+    if !(args.top_p > 0.0 && args.top_p <= 1.0) {
+        return Err(UsageError(format!("--top-p {} must be in (0, 1]", args.top_p)).into());
+    }
+    if !args.model.exists() {
+        return Err(UsageError(missing_model_hint(&args.model)).into());
+    }
+    let device = Default::default();
+    let started = Instant::now();
+    let p = load_pretrained::<NdArray<f32>>(&args.model, Some(args.max_seq_len), &device)
+        .with_context(|| format!("loading {}", args.model.display()))?;
+    let load_s = started.elapsed().as_secs_f64();
+    let mut messages = Vec::new();
+    if let Some(system) = &args.system {
+        messages.push((Role::System, system.as_str()));
+    }
+    messages.push((Role::User, args.prompt.as_str()));
+    let prompt = match &p.chat {
+        Some(chat) => chat.render(&messages, true),
+        None => {
+            eprintln!(
+                "note: {} has no chat template this build renders; the message is given as \
+                 plain text",
+                args.model.display()
+            );
+            args.prompt.clone()
+        }
+    };
+    if args.show_prompt {
+        eprintln!("--- prompt ---\n{prompt}--- end of prompt ---");
+    }
+    let ids = p.tokenizer.encode(&prompt);
+    let params = SampleParams {
+        temperature: args.temperature,
+        top_p: args.top_p,
+        max_new_tokens: args.max_tokens,
+        stop_tokens: vec![p.tokenizer.eos()],
+        on_device: false,
+    };
+    let started = Instant::now();
+    let generation = p
+        .model
+        .generate(
+            std::slice::from_ref(&ids),
+            &params,
+            &mut Rng::new(args.seed),
+        )
+        .pop()
+        .context("the model generated no row")?;
+    let gen_s = started.elapsed().as_secs_f64();
+    let reply = p.tokenizer.decode(&generation.tokens);
+    println!("{}", reply.trim_end());
+    let config = p.model.config();
+    eprintln!(
+        "[{}: {} layers, d_model {}, vocab {}] loaded in {load_s:.1} s; prompt {} tokens, \
+         reply {} tokens in {gen_s:.1} s ({:.1} tokens/s){}; peak memory {}",
+        args.model.display(),
+        config.n_layers,
+        config.d_model,
+        config.vocab_size,
+        ids.len(),
+        generation.tokens.len(),
+        generation.tokens.len() as f64 / gen_s.max(1e-9),
+        if generation.stopped {
+            ""
+        } else {
+            ", stopped at --max-tokens"
+        },
+        peak_rss_mib().map_or_else(|| "unknown".to_string(), |m| format!("{m:.0} MiB")),
+    );
+    Ok(())
+}
