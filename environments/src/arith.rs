@@ -894,9 +894,20 @@ impl ArithEpisode {
     }
 }
 
+/// What a pretrained chat model is told before the chain (see [`Episode::instructions`]).
+const INSTRUCTIONS: &str = "Evaluate the chain of additions and subtractions below strictly \
+from left to right, one operation per reply. Each reply is one line `<running><op><operand>=<result>`, \
+for example `47+5=52`. After each line I answer `>` followed by the next operation to do \
+(for example `>-8`), or `>A` when none is left; then reply `A:<value>` with the final \
+value, for example `A:80`.";
+
 impl Episode for ArithEpisode {
     fn prompt(&self) -> String {
         chain_text(&self.operands, &self.ops)
+    }
+
+    fn instructions(&self) -> Option<String> {
+        Some(INSTRUCTIONS.to_string())
     }
 
     fn step(&mut self, action: &str) -> StepResult {

@@ -22,7 +22,8 @@ use rlany_framework::checkpoint;
 use rlany_framework::experiment::{ModelSource, ModelSpec};
 use rlany_framework::plugin::{AdaptationChoice, EnvironmentChoice, ProposerContext};
 use rlany_framework::{
-    BackendKind, Components, Environment, ExperimentError, Rng, RunSummary, TrainOptions, train,
+    BackendKind, Components, Environment, ExperimentError, Rng, RunSummary, Tokenizer,
+    TrainOptions, train,
 };
 use rlany_models::{CharTokenizer, Transformer, TransformerConfig};
 use std::path::{Path, PathBuf};
@@ -308,6 +309,12 @@ pub fn check(files: &[PathBuf], quiet: bool) -> Result<()> {
     let mut failed: Vec<String> = Vec::new();
     for f in files {
         match Experiment::load(f) {
+            Ok(exp) if !missing_models(&exp).is_empty() => {
+                for m in missing_models(&exp) {
+                    eprintln!("error: {}: {m}", f.display());
+                }
+                failed.push(f.display().to_string());
+            }
             Ok(_) if quiet => println!("{}: ok", f.display()),
             Ok(exp) => println!("// {}: ok\n{}", f.display(), exp.to_ron()),
             Err(e) => {
@@ -467,10 +474,12 @@ pub fn build_environment(exp: &Experiment) -> Box<dyn Environment> {
     exp.environment.plugin().build()
 }
 
-/// The decoder config of a model source.
-pub fn model_config(source: &ModelSource, vocab: usize) -> TransformerConfig {
+/// The decoder config of a from-scratch model source (`None` for a pretrained one, whose
+/// file holds its architecture).
+pub fn model_config(source: &ModelSource, vocab: usize) -> Option<TransformerConfig> {
     match source {
-        ModelSource::Scratch(m) => scratch_config(m, vocab),
+        ModelSource::Scratch(m) => Some(scratch_config(m, vocab)),
+        ModelSource::Pretrained(_) => None,
     }
 }
 
@@ -487,14 +496,72 @@ fn scratch_config(m: &ModelSpec, vocab: usize) -> TransformerConfig {
     .with_qkv_bias(m.qkv_bias)
 }
 
-/// The policy's transformer config.
-pub fn policy_config(exp: &Experiment, vocab: usize) -> TransformerConfig {
+/// The policy's transformer config, when it is trained from scratch.
+pub fn policy_config(exp: &Experiment, vocab: usize) -> Option<TransformerConfig> {
     model_config(&exp.policy.model, vocab)
 }
 
-/// The judge's transformer config, when the experiment has a judge.
-pub fn judge_config(exp: &Experiment, vocab: usize) -> Option<TransformerConfig> {
-    exp.judge.model().map(|j| model_config(&j.model, vocab))
+/// The pretrained files an experiment names that do not exist, each with the message that
+/// says how to get it (for `rlany check` and `rlany run`).
+pub fn missing_models(exp: &Experiment) -> Vec<String> {
+    let mut sources = vec![&exp.policy.model];
+    if let Some(j) = exp.judge.model() {
+        sources.push(&j.model);
+    }
+    sources
+        .into_iter()
+        .filter_map(|s| match s {
+            ModelSource::Pretrained(p) if !Path::new(&p.path).exists() => {
+                Some(pretrained::missing_model_hint(Path::new(&p.path)))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// A model of `source` on `device` with the tokenizer it reads: a pretrained file's own, or
+/// (from scratch) the character tokenizer, weights drawn from the stream `init` of `seed`.
+fn build_model<B: burn::prelude::Backend>(
+    source: &ModelSource,
+    seed: u64,
+    init: &str,
+    device: &B::Device,
+) -> Result<(Transformer<B>, Box<dyn Tokenizer>)> {
+    match source {
+        ModelSource::Scratch(m) => {
+            let tok = CharTokenizer::new();
+            let model = scratch_config(m, tok.vocab_size())
+                .init_seeded::<B>(device, &mut Rng::derive(seed, init))
+                .context("model config")?;
+            Ok((model, Box::new(tok)))
+        }
+        ModelSource::Pretrained(p) => {
+            let path = Path::new(&p.path);
+            if !path.exists() {
+                return Err(UsageError(pretrained::missing_model_hint(path)).into());
+            }
+            let loaded = rlany_models::load_pretrained::<B>(path, Some(p.max_seq_len), device)
+                .with_context(|| format!("loading {}", path.display()))?;
+            if let Some(t) = &loaded.unrecognised_template {
+                eprintln!(
+                    "warning: {}: its chat template is not ChatML; episodes are laid out as plain \
+                     lines ({} characters of template ignored)",
+                    path.display(),
+                    t.len()
+                );
+            }
+            Ok((loaded.model, Box::new(loaded.tokenizer)))
+        }
+    }
+}
+
+/// Whether two tokenizers are the same (vocabulary size, special ids and the ids of a
+/// probe text covering letters, digits, punctuation, spaces and newlines).
+fn same_tokenizer(a: &dyn Tokenizer, b: &dyn Tokenizer) -> bool {
+    let probe = "The judge reads 17+25=42, click(3)\n  and type(7, \"Budget\").\n";
+    (a.vocab_size(), a.bos(), a.eos(), a.pad(), a.prompt_format())
+        == (b.vocab_size(), b.bos(), b.eos(), b.pad(), b.prompt_format())
+        && a.encode(probe) == b.encode(probe)
 }
 
 /// The difficulty proposer an experiment names (`Static` when difficulty never changes).
@@ -516,22 +583,40 @@ fn run_seed<B: rlany_kernels::AutodiffLogProbOps>(
     opts: &TrainOptions,
 ) -> Result<RunSummary> {
     let env = build_environment(exp);
-    let tok = CharTokenizer::new();
-    let vocab = rlany_framework::Tokenizer::vocab_size(&tok);
-    // Every initial weight is drawn from a stream of the run's seed (never Burn's global RNG).
-    let policy = policy_config(exp, vocab)
-        .init_seeded::<B>(device, &mut Rng::derive(seed, "policy-init"))
-        .context("policy model config")?;
-    let judge = match judge_config(exp, vocab) {
-        Some(cfg) => Some(
-            cfg.init_seeded::<B>(device, &mut Rng::derive(seed, "judge-init"))
-                .context("judge model config")?,
-        ),
+    // Every from-scratch weight is drawn from a stream of the run's seed (never Burn's
+    // global RNG); a pretrained model brings its weights and its tokenizer.
+    let (policy, tok) =
+        build_model::<B>(&exp.policy.model, seed, "policy-init", device).context("policy model")?;
+    let judge = match exp.judge.model() {
         None => None,
+        Some(j) => {
+            let judge = match &j.model {
+                // A from-scratch judge reads the policy's tokenizer.
+                ModelSource::Scratch(m) => scratch_config(m, tok.vocab_size())
+                    .init_seeded::<B>(device, &mut Rng::derive(seed, "judge-init"))
+                    .context("judge model config")?,
+                source => {
+                    let (judge, judge_tok) = build_model::<B>(source, seed, "judge-init", device)
+                        .context("judge model")?;
+                    if !same_tokenizer(tok.as_ref(), judge_tok.as_ref()) {
+                        return Err(UsageError(
+                            "the judge's pretrained model brings a different tokenizer from the \
+                             policy's; this version needs one tokenizer for both (the same \
+                             pretrained family, or a from-scratch judge, which reads the \
+                             policy's)"
+                                .into(),
+                        )
+                        .into());
+                    }
+                    judge
+                }
+            };
+            Some(judge)
+        }
     };
     let parts = Components {
         env: env.as_ref(),
-        tok: &tok,
+        tok: tok.as_ref(),
         policy,
         judge,
         proposer: build_proposer(exp, env.difficulty_space().len()),

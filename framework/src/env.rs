@@ -45,6 +45,13 @@ pub struct StepResult {
 pub trait Episode: Send {
     /// The task text shown to the policy before its first step. Ends with the step delimiter.
     fn prompt(&self) -> String;
+    /// What a model that has never seen this environment must be told: the action format
+    /// and what the observations mean, in plain words. Shown before the task by a chat
+    /// prompt format (pretrained models); models trained from scratch learn the format from
+    /// the warm start instead and never see it.
+    fn instructions(&self) -> Option<String> {
+        None
+    }
     /// Apply one action (one step of generated text, without the delimiter).
     fn step(&mut self, action: &str) -> StepResult;
     /// Whether the episode has ended.

@@ -85,7 +85,7 @@ pub fn evaluate<B: Backend, M: CausalLm<B>>(
         temperature: 0.0,
         top_p: 1.0,
         max_new_tokens: max_step_tokens,
-        stop_tokens: vec![tok.step_delimiter(), tok.eos()],
+        stop_tokens: tok.prompt_format().stop_tokens(tok),
         on_device,
     };
     // Greedy decoding draws no random numbers; the stream is only a formality.

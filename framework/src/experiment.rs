@@ -140,12 +140,33 @@ impl Kernels {
     }
 }
 
-/// Where a model's weights come from. More sources (pretrained files) are planned; each brings
-/// its own architecture.
+/// Where a model's weights come from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ModelSource {
-    /// A decoder initialised from the run's seed with this architecture.
+    /// A decoder initialised from the run's seed with this architecture (it reads the
+    /// character tokenizer's 100 ids).
     Scratch(ModelSpec),
+    /// A pretrained model file, which brings its own architecture, tokenizer and chat
+    /// template.
+    Pretrained(PretrainedSpec),
+}
+
+/// A pretrained model: a GGUF file (llama.cpp's format) or a Hugging Face directory
+/// (`config.json`, `*.safetensors`, `tokenizer.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PretrainedSpec {
+    /// The file or directory, relative to the directory `rlany` runs in (the repository
+    /// root for the shipped experiments).
+    pub path: String,
+    /// Context to allocate, in tokens (capped by the model's own): the size of the rotary
+    /// tables and of every KV cache.
+    #[serde(default = "default_pretrained_context")]
+    pub max_seq_len: usize,
+}
+
+fn default_pretrained_context() -> usize {
+    1024
 }
 
 impl Default for ModelSource {
@@ -159,13 +180,32 @@ impl ModelSource {
     pub fn spec(&self) -> Option<&ModelSpec> {
         match self {
             ModelSource::Scratch(s) => Some(s),
+            ModelSource::Pretrained(_) => None,
         }
     }
 
-    /// Range checks of the source.
+    /// The context the experiment allocates (a pretrained model's own may be shorter).
+    pub fn max_seq_len(&self) -> usize {
+        match self {
+            ModelSource::Scratch(s) => s.max_seq_len,
+            ModelSource::Pretrained(p) => p.max_seq_len,
+        }
+    }
+
+    /// Range checks of the source (whether a pretrained file exists is checked where the
+    /// model is built, by `rlany check` and `rlany run`).
     pub fn validate(&self) -> Checked {
         match self {
             ModelSource::Scratch(s) => s.validate(),
+            ModelSource::Pretrained(p) => {
+                if p.path.trim().is_empty() {
+                    return Err(FieldError::new(
+                        "path",
+                        "must name a GGUF file or a directory",
+                    ));
+                }
+                check::count("max_seq_len", p.max_seq_len, 8, MAX_SEQ)
+            }
         }
     }
 }
@@ -668,12 +708,13 @@ impl<E: EnvironmentChoice, A: AdaptationChoice> Experiment<E, A> {
             1,
             MAX_SEQ,
         )?;
-        if let Some(m) = p.model.spec()
-            && s.max_step_tokens >= m.max_seq_len
-        {
+        if s.max_step_tokens >= p.model.max_seq_len() {
             return Err(FieldError::new(
                 "policy.sampling.max_step_tokens",
-                format!("must be below policy.model.max_seq_len ({})", m.max_seq_len),
+                format!(
+                    "must be below policy.model.max_seq_len ({})",
+                    p.model.max_seq_len()
+                ),
             ));
         }
 

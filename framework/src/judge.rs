@@ -138,7 +138,16 @@ fn cast_votes<B: Backend, M: CausalLm<B>>(
         return;
     };
     let mut sampler = Sampler::default();
-    for chunk in judged.chunks_mut(VOTE_BATCH) {
+    // Rows per pass: VOTE_BATCH, fewer when prompts are long (activations grow with
+    // rows × length; a row's logits do not depend on the rows beside it).
+    let longest = judged
+        .iter()
+        .map(|j| j.prompt.len())
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let rows = (VOTE_TOKENS / longest).clamp(1, VOTE_BATCH);
+    for chunk in judged.chunks_mut(rows) {
         let prompts: Vec<&[u32]> = chunk.iter().map(|j| j.prompt.as_slice()).collect();
         let rows = last_logits(judge, &prompts, tok.pad(), &device);
         for (j, row) in chunk.iter_mut().zip(rows) {
@@ -151,13 +160,16 @@ fn cast_votes<B: Backend, M: CausalLm<B>>(
     }
 }
 
-/// Judge prompts run through the model per forward pass.
+/// Judge prompts run through the model per forward pass, at most.
 const VOTE_BATCH: usize = 256;
+
+/// Prompt tokens per forward pass, at most (unless one prompt is longer).
+const VOTE_TOKENS: usize = 65_536;
 
 /// Next-token logits after each prompt (host copies, one `Vec` per prompt).
 ///
 /// # Shapes
-/// - forward input: `[n, longest prompt]`, right-padded; output `[n, seq, vocab]`
+/// - model input: `[n, longest prompt]`, right-padded; output `[n, vocab]`
 fn last_logits<B: Backend, M: CausalLm<B>>(
     model: &M,
     prompts: &[&[u32]],
@@ -173,16 +185,10 @@ fn last_logits<B: Backend, M: CausalLm<B>>(
         }
     }
     let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [n, width]), device);
-    let logits = model.forward(tokens);
-    let [_, seq, vocab] = logits.dims();
-    // [n, seq, vocab] → [n·seq, vocab] → the row of each prompt's last position → [n, vocab]
-    let last: Vec<i64> = prompts
-        .iter()
-        .enumerate()
-        .map(|(r, p)| (r * seq + p.len().clamp(1, seq) - 1) as i64)
-        .collect();
-    let index = Tensor::<B, 1, Int>::from_data(TensorData::new(last, [n]), device);
-    let picked = logits.reshape([n * seq, vocab]).select(0, index);
+    let lengths: Vec<usize> = prompts.iter().map(|p| p.len()).collect();
+    // [n, vocab]
+    let picked = model.last_logits(tokens, &lengths);
+    let vocab = picked.dims()[1];
     let flat: Vec<f32> = picked
         .into_data()
         .convert::<f32>()

@@ -19,8 +19,150 @@ pub trait Tokenizer: Send + Sync {
     fn eos(&self) -> u32;
     /// Padding id.
     fn pad(&self) -> u32;
-    /// The id that ends one step (one line): the step delimiter `'\n'`.
-    fn step_delimiter(&self) -> u32;
+    /// How an episode's text becomes one token sequence (plain lines unless the model brings
+    /// a chat template).
+    fn prompt_format(&self) -> PromptFormat {
+        PromptFormat::Lines
+    }
+}
+
+/// How an episode — the task, the agent's actions (one line each) and the environment's
+/// observations — is laid out as one token sequence. The environment only writes text; the
+/// model that reads it decides the layout, so the same environment serves a character-level
+/// model and a pretrained chat model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PromptFormat {
+    /// BOS, the task, then each action as a line and the observation after it (as a line).
+    Lines,
+    /// A chat: the environment's instructions and the task as the first user message (after
+    /// the system prompt, if any), each action an assistant message, each observation a
+    /// user message.
+    Chat(ChatMarkup),
+}
+
+/// The literal text of a chat template (ChatML: `<|im_start|>user\n` … `<|im_end|>\n`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatMarkup {
+    /// The whole system message, or empty.
+    pub system: String,
+    /// Opens a user message.
+    pub user: String,
+    /// Opens an assistant message.
+    pub assistant: String,
+    /// Closes a message. Its first token must be the tokenizer's EOS (the model ends a reply
+    /// with it); a newline follows it.
+    pub end: String,
+}
+
+impl PromptFormat {
+    /// Tokens of the episode's start: the task (and for a chat, the instructions of the
+    /// environment, which a model that has never seen it needs), up to where the first
+    /// action begins.
+    pub fn start(&self, tok: &dyn Tokenizer, task: &str, instructions: Option<&str>) -> Vec<u32> {
+        match self {
+            PromptFormat::Lines => {
+                let mut ids = vec![tok.bos()];
+                ids.extend(tok.encode(task));
+                ids
+            }
+            PromptFormat::Chat(m) => {
+                let body = match instructions {
+                    Some(i) => format!("{}\n\n{}", i.trim_end(), task.trim_end()),
+                    None => task.trim_end().to_string(),
+                };
+                tok.encode(&format!(
+                    "{}{}{body}{}\n{}",
+                    m.system, m.user, m.end, m.assistant
+                ))
+            }
+        }
+    }
+
+    /// The ids that end an action: every id whose text holds a newline, and EOS.
+    pub fn stop_tokens(&self, tok: &dyn Tokenizer) -> Vec<u32> {
+        let mut ids: Vec<u32> = (0..tok.vocab_size() as u32)
+            .filter(|&id| tok.decode(&[id]).contains('\n'))
+            .collect();
+        if !ids.contains(&tok.eos()) {
+            ids.push(tok.eos());
+        }
+        ids
+    }
+
+    /// The action written by `generated`: its text up to the first newline.
+    pub fn action_text(&self, tok: &dyn Tokenizer, generated: &[u32]) -> String {
+        let text = tok.decode(generated);
+        match text.split_once('\n') {
+            Some((line, _)) => line.to_string(),
+            None => text,
+        }
+    }
+
+    /// Tokens that close an action in the context after `generated` (not trained on):
+    /// a newline when the action did not end with one (lines); the end of the assistant
+    /// message (chat).
+    pub fn close_action(&self, tok: &dyn Tokenizer, generated: &[u32]) -> Vec<u32> {
+        let last = generated.last().copied();
+        match self {
+            PromptFormat::Lines => {
+                let ends_line = last.is_some_and(|t| tok.decode(&[t]).ends_with('\n'));
+                if ends_line {
+                    Vec::new()
+                } else {
+                    tok.encode("\n")
+                }
+            }
+            PromptFormat::Chat(m) => {
+                if last == Some(tok.eos()) {
+                    tok.encode("\n")
+                } else {
+                    tok.encode(&format!("{}\n", m.end))
+                }
+            }
+        }
+    }
+
+    /// Tokens of an observation, up to where the next action begins.
+    pub fn observation(&self, tok: &dyn Tokenizer, observation: &str) -> Vec<u32> {
+        match self {
+            PromptFormat::Lines => {
+                if observation.is_empty() {
+                    return Vec::new();
+                }
+                let mut ids = tok.encode(observation);
+                if !observation.ends_with('\n') {
+                    ids.extend(tok.encode("\n"));
+                }
+                ids
+            }
+            PromptFormat::Chat(m) => {
+                let text = if observation.trim().is_empty() {
+                    "(no change)"
+                } else {
+                    observation.trim_end()
+                };
+                tok.encode(&format!("{}{text}{}\n{}", m.user, m.end, m.assistant))
+            }
+        }
+    }
+
+    /// A demonstrated action as `(trained, context)` tokens: the action and what ends it
+    /// (its newline, or the end of the assistant message), then untrained tokens that close
+    /// it in the context.
+    pub fn demonstrated_action(&self, tok: &dyn Tokenizer, text: &str) -> (Vec<u32>, Vec<u32>) {
+        match self {
+            PromptFormat::Lines => {
+                let mut ids = tok.encode(text);
+                ids.extend(tok.encode("\n"));
+                (ids, Vec::new())
+            }
+            PromptFormat::Chat(m) => {
+                let mut ids = tok.encode(text);
+                ids.extend(tok.encode(&m.end));
+                (ids, tok.encode("\n"))
+            }
+        }
+    }
 }
 
 /// How to sample in [`CausalLm::generate`].
@@ -68,6 +210,29 @@ pub trait CausalLm<B: Backend>: Module<B> + Clone + Send + 'static {
     ///   out of every real position)
     /// - output: `[batch, seq, vocab]`
     fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3>;
+
+    /// Next-token logits after the last real token of each row only (a judge's verdict): a
+    /// model can skip the LM head everywhere else, which for a large vocabulary is most of
+    /// the work.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, seq]`, right-padded; row `r` has `lengths[r]` real tokens
+    ///   (clamped to `1..=seq`)
+    /// - output: `[batch, vocab]`
+    fn last_logits(&self, tokens: Tensor<B, 2, Int>, lengths: &[usize]) -> Tensor<B, 2> {
+        let [n, seq] = tokens.dims();
+        let device = tokens.device();
+        let logits = self.forward(tokens);
+        let vocab = logits.dims()[2];
+        let rows: Vec<i64> = lengths
+            .iter()
+            .enumerate()
+            .map(|(r, &len)| (r * seq + len.clamp(1, seq) - 1) as i64)
+            .collect();
+        let index = Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [n]), &device);
+        // [n, seq, vocab] -> [n·seq, vocab] -> each row's last position -> [n, vocab]
+        logits.reshape([n * seq, vocab]).select(0, index)
+    }
 
     /// `rows` empty contexts (rows `0..rows`).
     fn contexts(&self, rows: usize) -> Self::Contexts;

@@ -68,7 +68,7 @@ pub fn rollout<B: Backend, M: CausalLm<B>>(
     max_env_steps: usize,
     rng: &mut Rng,
 ) -> Vec<Trajectory> {
-    let delim = tok.step_delimiter();
+    let format = tok.prompt_format();
     let mut finite = vec![true; episodes.len()];
     // The model keeps what each episode has read; a turn appends only what is new.
     let mut contexts = model.contexts(episodes.len());
@@ -79,8 +79,7 @@ pub fn rollout<B: Backend, M: CausalLm<B>>(
     let mut eps: Vec<Live> = episodes
         .into_iter()
         .map(|(task, ep)| {
-            let mut ctx = vec![tok.bos()];
-            ctx.extend(tok.encode(&ep.prompt()));
+            let ctx = format.start(tok, &ep.prompt(), ep.instructions().as_deref());
             (task, ep, ctx, Vec::new())
         })
         .collect();
@@ -107,17 +106,9 @@ pub fn rollout<B: Backend, M: CausalLm<B>>(
             ctx.extend_from_slice(&g.tokens);
             let end = ctx.len();
             known[i] = end;
-            let body: Vec<u32> = g
-                .tokens
-                .iter()
-                .copied()
-                .filter(|&t| t != delim && t != tok.eos())
-                .collect();
-            if g.tokens.last() != Some(&delim) {
-                // A step cut short still ends its line in the context (not trained on).
-                ctx.push(delim);
-            }
-            let text = tok.decode(&body);
+            // A step cut short still ends its line (or message) in the context, untrained.
+            ctx.extend(format.close_action(tok, &g.tokens));
+            let text = format.action_text(tok, &g.tokens);
             let result = ep.step(&text);
             let oracle = ep.oracle_label(steps.len());
             let oracle_blame = if oracle {
@@ -134,11 +125,8 @@ pub fn rollout<B: Backend, M: CausalLm<B>>(
                 dims: ep.step_dims(steps.len()),
                 oracle_blame,
             });
-            if !result.observation.is_empty() {
-                ctx.extend(tok.encode(&result.observation));
-                if !result.observation.ends_with('\n') {
-                    ctx.push(delim);
-                }
+            if !ep.done() || !result.observation.is_empty() {
+                ctx.extend(format.observation(tok, &result.observation));
             }
         }
     }

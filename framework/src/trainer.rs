@@ -368,7 +368,7 @@ where
             temperature: cfg.sampling.temperature,
             top_p: cfg.sampling.top_p,
             max_new_tokens: cfg.sampling.max_step_tokens,
-            stop_tokens: vec![tok.step_delimiter(), tok.eos()],
+            stop_tokens: tok.prompt_format().stop_tokens(tok),
             on_device: cfg.sample_on_device,
         };
         let slots = vec![AdaptSlot::new(cfg.start.clone()); cfg.budget.tasks_per_step];
@@ -855,7 +855,7 @@ where
                 self.env,
                 self.tok,
                 j.max_seq_len(),
-                JUDGE_POOL,
+                JUDGE_POOL.min(self.cfg.budget.eval_tasks),
                 JUDGE_POOL_NOISE,
                 self.seed,
             ),
@@ -967,7 +967,9 @@ where
     }
 }
 
-/// Labelled steps in the judge's evaluation pool (half correct, half wrong).
+/// Labelled steps in the judge's evaluation pool (half correct, half wrong), at most: the
+/// pool is no larger than the experiment's `eval_tasks`, so a small evaluation budget (a
+/// smoke run, a pretrained model on the CPU) keeps the judge's evaluation small too.
 const JUDGE_POOL: usize = 256;
 /// The flawed expert's noise for the judge's pool (both labels must occur).
 const JUDGE_POOL_NOISE: f64 = 0.5;

@@ -30,24 +30,25 @@ fn demo_tokens(
     // Replayed in the task it solves, so the sequence holds the environment's observations
     // exactly where a rollout puts them (not trained on).
     let demo = replay_demonstration(env, d, noise, seed);
-    let mut ids = vec![tok.bos()];
-    ids.extend(tok.encode(&demo.prompt));
-    let mut trained = vec![false; ids.len()];
-    for s in &demo.steps {
-        for t in tok
-            .encode(&s.text)
-            .into_iter()
-            .chain([tok.step_delimiter()])
-        {
-            ids.push(t);
-            trained.push(true);
+    let format = tok.prompt_format();
+    // Only a chat prompt shows the environment's instructions (see `PromptFormat::start`).
+    let instructions = match format {
+        crate::lm::PromptFormat::Lines => None,
+        crate::lm::PromptFormat::Chat(_) => {
+            env.sample(d, crate::env::Split::Train, seed).instructions()
         }
-        let observation = &s.observation;
-        if !observation.is_empty() {
-            let mut obs = tok.encode(observation);
-            if !observation.ends_with('\n') {
-                obs.push(tok.step_delimiter());
-            }
+    };
+    let mut ids = format.start(tok, &demo.prompt, instructions.as_deref());
+    let mut trained = vec![false; ids.len()];
+    for (i, s) in demo.steps.iter().enumerate() {
+        let (action, close) = format.demonstrated_action(tok, &s.text);
+        trained.extend(std::iter::repeat_n(true, action.len()));
+        ids.extend(action);
+        trained.extend(std::iter::repeat_n(false, close.len()));
+        ids.extend(close);
+        let last = i + 1 == demo.steps.len();
+        if !last || !s.observation.is_empty() {
+            let obs = format.observation(tok, &s.observation);
             trained.extend(std::iter::repeat_n(false, obs.len()));
             ids.extend(obs);
         }

@@ -21,7 +21,7 @@ use std::fmt;
 use std::path::Path;
 
 use regex::Regex;
-use rlany_framework::Tokenizer;
+use rlany_framework::{PromptFormat, Tokenizer};
 use serde_json::Value;
 
 use crate::ModelError;
@@ -326,7 +326,8 @@ pub struct BpeTokenizer {
     bos: u32,
     eos: u32,
     pad: u32,
-    newline: u32,
+    /// How episodes are laid out for the model this tokenizer belongs to.
+    format: PromptFormat,
 }
 
 impl fmt::Debug for BpeTokenizer {
@@ -437,8 +438,7 @@ impl BpeTokenizer {
                 byte_ids[usize::from(b)] = id;
             }
         }
-        let newline = byte_ids[usize::from(b'\n')];
-        if newline == MISSING {
+        if byte_ids[usize::from(b'\n')] == MISSING {
             return Err(err(
                 "no token for \"\\n\" (\"\u{010A}\"), the step delimiter".into(),
             ));
@@ -490,7 +490,7 @@ impl BpeTokenizer {
             bos,
             eos,
             pad,
-            newline,
+            format: PromptFormat::Lines,
         })
     }
 
@@ -540,6 +540,13 @@ impl BpeTokenizer {
             ModelError::Tokenizer(message) => file_err(message),
             other => other,
         })
+    }
+
+    /// The tokenizer with episodes laid out by `format` (a chat template's markup for a
+    /// pretrained chat model; [`PromptFormat::Lines`] by default).
+    pub fn with_prompt_format(mut self, format: PromptFormat) -> Self {
+        self.format = format;
+        self
     }
 
     /// The raw bytes token `id` stands for: `None` outside the vocabulary, empty for control
@@ -708,9 +715,8 @@ impl Tokenizer for BpeTokenizer {
         self.pad
     }
 
-    /// The token of `"\n"` alone (`"Ċ"` in byte-level form).
-    fn step_delimiter(&self) -> u32 {
-        self.newline
+    fn prompt_format(&self) -> PromptFormat {
+        self.format.clone()
     }
 }
 
@@ -1120,7 +1126,7 @@ mod tests {
         assert_eq!(tok.encode("   "), [265, 32]);
         assert_eq!(tok.encode(""), Vec::<u32>::new());
         assert_eq!(tok.encode("\n"), [10]);
-        assert_eq!(tok.step_delimiter(), 10);
+        assert_eq!(tok.prompt_format(), PromptFormat::Lines);
         assert_eq!((tok.bos(), tok.eos(), tok.pad()), (260, 261, 262));
         assert_eq!(tok.vocab_size(), 266);
     }

@@ -218,7 +218,7 @@ pub(crate) fn extend<B: Backend>(
         }
         // [batch, 1, vocab] -> [batch, vocab]
         let logits = model
-            .logits(hidden.clone())
+            .decode_logits(hidden.clone())
             .reshape([batch, vocab])
             .cast(FloatDType::F32);
         let drawn: Vec<Option<(u32, f32)>> = if params.on_device && params.top_p >= 1.0 {

@@ -12,6 +12,7 @@
 use std::path::{Path, PathBuf};
 
 use burn::prelude::*;
+use rlany_framework::{ChatMarkup, PromptFormat};
 
 use crate::bpe::BpeTokenizer;
 use crate::error::ModelError;
@@ -94,6 +95,21 @@ impl ChatTemplate {
         "<|im_end|>\n"
     }
 
+    /// The markup the framework lays episodes out with (the default system prompt, the
+    /// openings of user and assistant messages, the end of a message).
+    pub fn markup(&self) -> ChatMarkup {
+        let ChatTemplate::ChatMl { default_system } = self;
+        ChatMarkup {
+            system: default_system
+                .as_deref()
+                .map(|s| self.message(Role::System, s))
+                .unwrap_or_default(),
+            user: self.open(Role::User),
+            assistant: self.open(Role::Assistant),
+            end: "<|im_end|>".to_string(),
+        }
+    }
+
     /// One whole message.
     pub fn message(&self, role: Role, content: &str) -> String {
         format!("{}{content}{}", self.open(role), self.close())
@@ -150,6 +166,23 @@ pub fn load_pretrained<B: Backend>(
         });
     }
     let chat = template.as_deref().and_then(ChatTemplate::recognise);
+    let tokenizer = match &chat {
+        Some(c) => {
+            let markup = c.markup();
+            let end = rlany_framework::Tokenizer::encode(&tokenizer, &markup.end);
+            if end.first() != Some(&rlany_framework::Tokenizer::eos(&tokenizer)) {
+                return Err(ModelError::Mismatch {
+                    path: path.to_path_buf(),
+                    message: format!(
+                        "the chat template ends a message with {:?}, which is not the EOS token",
+                        markup.end
+                    ),
+                });
+            }
+            tokenizer.with_prompt_format(PromptFormat::Chat(markup))
+        }
+        None => tokenizer,
+    };
     let unrecognised_template = if chat.is_none() { template } else { None };
     Ok(Pretrained {
         model,
@@ -243,6 +276,21 @@ mod tests {
         assert!(ids.contains(&2));
         // Control tokens decode to nothing; the rest round-trips.
         assert_eq!(tok.decode(&ids), "user\nthe cat sat\n\n");
+        // Episodes are laid out as a chat: task and observations are user messages.
+        let format = tok.prompt_format();
+        let start = format.start(tok, "add 2+3\n", Some("Answer on one line."));
+        assert_eq!(
+            tok.decode(&start),
+            "system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face\n\
+             user\nAnswer on one line.\n\nadd 2+3\nassistant\n"
+        );
+        assert_eq!(start.iter().filter(|&&t| t == 1).count(), 3);
+        // An action ended by EOS gets its newline; one cut short gets the end of message too.
+        assert_eq!(format.close_action(tok, &[2]), tok.encode("\n"));
+        assert_eq!(format.close_action(tok, &[97]), tok.encode("<|im_end|>\n"));
+        assert_eq!(format.action_text(tok, &tok.encode("x=5\nmore")), "x=5");
+        let stops = format.stop_tokens(tok);
+        assert!(stops.contains(&2) && stops.contains(&tok.encode("\n")[0]));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! A character-level tokenizer for the built-in text environments.
 //!
-//! The vocabulary is fixed (100 ids): four special tokens, the newline (the step
-//! delimiter), then printable ASCII.
+//! The vocabulary is fixed (100 ids): four special tokens, the newline (which ends a step),
+//! then printable ASCII.
 
 use rlany_framework::Tokenizer;
 
@@ -79,10 +79,6 @@ impl Tokenizer for CharTokenizer {
     fn pad(&self) -> u32 {
         PAD
     }
-
-    fn step_delimiter(&self) -> u32 {
-        NEWLINE
-    }
 }
 
 #[cfg(test)]
@@ -95,7 +91,9 @@ mod tests {
         assert_eq!(t.pad(), 0);
         assert_eq!(t.bos(), 1);
         assert_eq!(t.eos(), 2);
-        assert_eq!(t.step_delimiter(), 4);
+        assert_eq!(t.encode("\n"), vec![4]);
+        // Lines: a step stops at the newline or EOS.
+        assert_eq!(t.prompt_format().stop_tokens(&t), vec![4, 2]);
         assert_eq!(t.vocab_size(), 100);
     }
 

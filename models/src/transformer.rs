@@ -31,6 +31,10 @@ use crate::error::ModelError;
 /// any query with one visible key gives masked keys exactly zero weight in f32.
 pub(crate) const MASKED: f32 = -1.0e9;
 
+/// Elements of the embedding in one slice of the tied LM head while decoding (4 MiB in f32;
+/// see [`Transformer::decode_logits`]).
+const HEAD_SLICE: usize = 1 << 20;
+
 /// Token id fed at padding positions. Padding keys are masked out, so the id is irrelevant;
 /// 0 is valid in every vocabulary.
 pub(crate) const PAD_ID: i64 = 0;
@@ -727,6 +731,67 @@ impl<B: Backend> Transformer<B> {
         }
     }
 
+    /// [`Transformer::logits`] for decoding: the same logits, bit for bit on NdArray, with a
+    /// tied head computed one slice of the vocabulary at a time.
+    ///
+    /// Burn's NdArray backend copies both operands of every matrix product into fresh
+    /// row-major buffers, so `hidden · embeddingᵀ` gathers the whole transposed embedding
+    /// element by element on every decode step (SmolLM2: 28M strided reads, ~2/3 of a decode
+    /// step). Here each slice of [`HEAD_SLICE`] embedding elements, a contiguous view, is the
+    /// left operand of `embedding[slice] · hiddenᵀ`: a contiguous copy small enough to stay
+    /// in cache. Each logit is still one dot product over `d_model` in the same order
+    /// (`a·b = b·a`; the product is blocked along `d_model` alone, never along the vocabulary
+    /// or the rows; the test `sliced_tied_head_is_bit_identical` checks it). A GPU backend may
+    /// tile the slices differently from the whole product (not checked bit for bit there).
+    /// [`Transformer::logits`] itself, used by training, keeps the single product; an untied
+    /// head (the models trained from scratch) goes through it unchanged.
+    ///
+    /// # Shapes
+    /// - `hidden`: `[batch, seq, d_model]`
+    /// - output: `[batch, seq, vocab]`
+    pub(crate) fn decode_logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        let rows = HEAD_SLICE / self.config.d_model;
+        self.sliced_logits(hidden, rows)
+    }
+
+    /// [`Transformer::decode_logits`] with slices of `rows` vocabulary entries (the last one
+    /// shorter); the untied head is one product as in [`Transformer::logits`].
+    ///
+    /// # Shapes
+    /// - `hidden`: `[batch, seq, d_model]`
+    /// - output: `[batch, seq, vocab]`
+    fn sliced_logits(&self, hidden: Tensor<B, 3>, rows: usize) -> Tensor<B, 3> {
+        if self.lm_head.is_some() {
+            return self.logits(hidden);
+        }
+        let [batch, seq, d_model] = hidden.dims();
+        let (device, dtype) = (hidden.device(), hidden.dtype());
+        let vocab = self.config.vocab_size;
+        let rows = rows.clamp(1, vocab);
+        // [batch * seq, d_model] -> [d_model, batch * seq]
+        let columns = hidden.reshape([batch * seq, d_model]).transpose();
+        let embedding = self.embedding.weight.val();
+        // [rows, d_model] x [d_model, batch * seq] per slice -> [vocab, batch * seq]
+        let slices = (0..vocab)
+            .step_by(rows)
+            .map(|start| {
+                embedding
+                    .clone()
+                    .narrow(0, start, rows.min(vocab - start))
+                    .matmul(columns.clone())
+            })
+            .collect();
+        // [vocab, batch * seq] -> [batch * seq, vocab] -> [batch, seq, vocab]
+        let logits = Tensor::cat(slices, 0)
+            .transpose()
+            .reshape([batch, seq, vocab]);
+        // Copied into a fresh buffer: NdArray reads a tensor to the host in one copy only when
+        // its strides are exactly row-major, and the reshape gives a length-1 axis stride 1
+        // (read element by element, the SmolLM2 logits take ~1.5 ms more per step).
+        Tensor::zeros([batch, seq, vocab], (&device, dtype))
+            .slice_assign([0..batch, 0..seq, 0..vocab], logits)
+    }
+
     /// Rotary cosines and sines gathered at `positions`.
     ///
     /// # Shapes
@@ -924,6 +989,37 @@ impl<B: Backend> CausalLm<B> for Transformer<B> {
         let bias = causal_bias::<B>(0, seq, &tokens.device());
         let hidden = self.forward_hidden(tokens, &cos, &sin, bias.as_ref(), None);
         self.logits(hidden)
+    }
+
+    /// The LM head on each row's last real position only (see the trait); the same values
+    /// as [`CausalLm::forward`]'s rows there.
+    fn last_logits(&self, tokens: Tensor<B, 2, Int>, lengths: &[usize]) -> Tensor<B, 2> {
+        let [n, seq] = tokens.dims();
+        assert!(
+            seq <= self.config.max_seq_len,
+            "sequence length {seq} exceeds max_seq_len {}",
+            self.config.max_seq_len
+        );
+        let device = tokens.device();
+        let (cos, sin) = self.rotary_prefix(seq);
+        let bias = causal_bias::<B>(0, seq, &device);
+        let hidden = self.forward_hidden(tokens, &cos, &sin, bias.as_ref(), None);
+        let d = hidden.dims()[2];
+        let rows: Vec<i64> = lengths
+            .iter()
+            .enumerate()
+            .map(|(r, &len)| (r * seq + len.clamp(1, seq) - 1) as i64)
+            .collect();
+        let index = Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [n]), &device);
+        // [n, seq, d] -> [n·seq, d] -> each row's last position -> [n, 1, d]
+        let last = hidden
+            .reshape([n * seq, d])
+            .select(0, index)
+            .reshape([n, 1, d]);
+        let logits = self.logits(last);
+        let vocab = logits.dims()[2];
+        // [n, 1, vocab] -> [n, vocab]
+        logits.reshape([n, vocab])
     }
 
     fn contexts(&self, rows: usize) -> Contexts<B> {
@@ -1703,6 +1799,34 @@ mod tests {
                 }
             }
             g
+        }
+    }
+
+    #[test]
+    fn sliced_tied_head_is_bit_identical() {
+        // d_model 600 > 2 x the 256-long blocks of the CPU product, so the partial last block
+        // along d_model is exercised; slices of 7 and 64 rows, with a short last slice.
+        let config = TransformerConfig::new(1000, 600, 1, 4, 2, 16, 8).with_tie_embeddings(true);
+        let model = model(&config, 30);
+        let mut rng = Rng::new(31);
+        for (batch, seq) in [(1, 1), (3, 1), (2, 7)] {
+            let values: Vec<f32> = (0..batch * seq * 600)
+                .map(|_| (3.0 * rng.normal()) as f32)
+                .collect();
+            let hidden = Tensor::<B, 3>::from_data(
+                TensorData::new(values, [batch, seq, 600]),
+                &Default::default(),
+            );
+            let want = to_vec(model.logits(hidden.clone())).0;
+            for rows in [7, 64, 1000] {
+                let got = to_vec(model.sliced_logits(hidden.clone(), rows)).0;
+                let same = want
+                    .iter()
+                    .zip(&got)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "batch {batch}, seq {seq}, {rows} rows per slice");
+            }
+            assert_eq!(to_vec(model.decode_logits(hidden)).0, want);
         }
     }
 }

@@ -437,6 +437,90 @@ fn shipped_experiment_files_are_valid() {
     }
 }
 
+/// The pretrained experiment's model file (fetched by `models/fetch-smollm2.sh`; `.ci/run`
+/// fetches it).
+fn smollm2() -> Option<PathBuf> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../models/pretrained/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if path.exists() {
+        Some(path)
+    } else {
+        eprintln!(
+            "skipped: {} is absent; `bash models/fetch-smollm2.sh` fetches it",
+            path.display()
+        );
+        None
+    }
+}
+
+#[test]
+fn a_missing_pretrained_model_fails_check_and_run_with_the_fetch_command() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut exp = rlany::Experiment::load(&root.join("experiments/pretrained/smollm2_arith.ron"))
+        .expect("pretrained experiment");
+    let dir = scratch("missing-model");
+    let absent = dir.join("absent.gguf").to_string_lossy().into_owned();
+    for source in [&mut exp.policy.model] {
+        if let rlany_framework::experiment::ModelSource::Pretrained(p) = source {
+            p.path = absent.clone();
+        }
+    }
+    let f = write(&dir, "p.ron", &exp.to_ron());
+    let runs = dir.join("runs").to_string_lossy().into_owned();
+    assert_eq!(rlany(&["check", &f]), 2);
+    assert_eq!(rlany(&["run", &f, "--runs-dir", &runs, "--no-progress"]), 2);
+    assert!(!dir.join("runs").join(&exp.name).exists());
+    let msg = rlany::missing_models(&exp).join("\n");
+    assert!(msg.contains(&absent), "{msg}");
+    assert!(msg.contains(rlany::pretrained::FETCH_SMOLLM2), "{msg}");
+    let _ = fs::remove_dir_all(dir);
+}
+
+/// The closed loop on SmolLM2 (policy and judge) runs two steps with a tiny budget; skipped
+/// with a message when the model has not been fetched.
+#[test]
+fn pretrained_smollm2_closed_loop_smoke() {
+    let Some(_) = smollm2() else { return };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = scratch("smollm2");
+    let runs = dir.join("runs").to_string_lossy().into_owned();
+    let file = root.join("experiments/pretrained/smollm2_arith.ron");
+    let file = file.to_string_lossy().into_owned();
+    let code = rlany(&[
+        "run",
+        &file,
+        "--runs-dir",
+        &runs,
+        "--no-progress",
+        "--stop-after",
+        "1",
+        "--set",
+        "budget.tasks_per_step=2",
+        "--set",
+        "budget.group_size=2",
+        "--set",
+        "budget.eval_tasks=2",
+        "--set",
+        "budget.max_env_steps=2",
+        "--set",
+        "policy.sampling.max_step_tokens=8",
+        "--set",
+        "judge.warm_start.steps=1",
+        "--set",
+        "judge.warm_start.batch=2",
+        "--set",
+        "judge.warm_start.labels=4",
+        "--set",
+        "reward.votes=1",
+    ]);
+    assert_eq!(code, 0);
+    let m = metrics(&dir.join("runs/smollm2_arith/seed-1"));
+    assert_eq!(m.len(), 2, "{m:?}");
+    assert!(m[0].get("eval/acc_id").is_some());
+    assert!(m[1].get("compute/judged_steps").is_some());
+    let _ = fs::remove_dir_all(dir);
+}
+
 #[test]
 fn quickstart_smoke_with_a_tiny_budget() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -486,6 +570,7 @@ fn a_non_finite_loss_stops_the_run_naming_the_step_and_keeps_the_checkpoint() {
     let ckpt = run.join("checkpoints/step-000002");
     let device = Default::default();
     let fresh = rlany::policy_config(&exp, 100)
+        .expect("a from-scratch policy")
         .init::<B>(&device)
         .expect("config");
     let reader =
