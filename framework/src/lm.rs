@@ -271,3 +271,99 @@ pub trait CausalLm<B: Backend>: Module<B> + Clone + Send + 'static {
     /// Longest context (prompt + generation) the model accepts.
     fn max_seq_len(&self) -> usize;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A word-piece tokenizer whose vocabulary merges a newline into other text, as BPE does:
+    /// ids are indices into `VOCAB`, encoding is greedy longest match (`<s>` is never
+    /// produced, an unknown character is `<e>`), decoding drops `<s>` and `</s>`.
+    struct Merging;
+
+    const VOCAB: [&str; 10] = [
+        "<s>", "</s>", "x", "=5", "=5\n", "\n", "\n\n", ">", "ok", "<e>",
+    ];
+
+    impl Tokenizer for Merging {
+        fn encode(&self, text: &str) -> Vec<u32> {
+            let mut ids = Vec::new();
+            let mut rest = text;
+            while !rest.is_empty() {
+                let (id, piece) = VOCAB
+                    .iter()
+                    .enumerate()
+                    .skip(1)
+                    .filter(|(_, p)| rest.starts_with(**p))
+                    .max_by_key(|(_, p)| p.len())
+                    .map(|(i, p)| (i as u32, *p))
+                    .unwrap_or((9, &rest[..rest.chars().next().map_or(1, char::len_utf8)]));
+                ids.push(id);
+                rest = &rest[piece.len()..];
+            }
+            ids
+        }
+        fn decode(&self, ids: &[u32]) -> String {
+            ids.iter()
+                .filter(|&&i| i >= 2)
+                .map(|&i| VOCAB.get(i as usize).copied().unwrap_or("?"))
+                .collect()
+        }
+        fn vocab_size(&self) -> usize {
+            VOCAB.len()
+        }
+        fn bos(&self) -> u32 {
+            0
+        }
+        fn eos(&self) -> u32 {
+            1
+        }
+        fn pad(&self) -> u32 {
+            1
+        }
+    }
+
+    #[test]
+    fn a_step_ends_at_a_token_that_merges_the_newline() {
+        let tok = Merging;
+        let f = PromptFormat::Lines;
+        // Every id whose text holds a newline stops a step, and EOS.
+        assert_eq!(f.stop_tokens(&tok), vec![4, 5, 6, 1]);
+        // "x=5\n" is generated as [x, "=5\n"]: the action is the text before the newline and
+        // nothing more closes the line; a step cut short ("x=5") gets a newline.
+        let generated = tok.encode("x=5\n");
+        assert_eq!(generated, vec![2, 4]);
+        assert_eq!(f.action_text(&tok, &generated), "x=5");
+        assert!(f.close_action(&tok, &generated).is_empty());
+        assert_eq!(f.close_action(&tok, &[2, 3]), vec![5]);
+        assert_eq!(f.close_action(&tok, &[2, 1]), vec![5]);
+        // Text after the newline inside the stopping token is not part of the action.
+        assert_eq!(f.action_text(&tok, &[2, 3, 6]), "x=5");
+        // Observations end their line; the task starts with BOS.
+        assert_eq!(f.observation(&tok, ">ok"), vec![7, 8, 5]);
+        assert_eq!(f.observation(&tok, ""), Vec::<u32>::new());
+        assert_eq!(f.start(&tok, "x", Some("ignored by Lines")), vec![0, 2]);
+        // A demonstrated action trains on its text and its newline.
+        assert_eq!(f.demonstrated_action(&tok, "x=5"), (vec![2, 3, 5], vec![]));
+    }
+
+    #[test]
+    fn chat_layout_of_an_episode() {
+        let tok = Merging;
+        let f = PromptFormat::Chat(ChatMarkup {
+            system: String::new(),
+            user: ">".into(),
+            assistant: "ok".into(),
+            end: "</s>".into(),
+        });
+        // Instructions, a blank line and the task as the user message, then the assistant's.
+        assert_eq!(f.start(&tok, "x\n", Some("x")), vec![7, 2, 6, 2, 1, 5, 8]);
+        // An action that ended with EOS (the end of a message) gets its newline; one cut
+        // short gets the whole end of the message.
+        assert_eq!(f.close_action(&tok, &[2, 1]), vec![5]);
+        assert_eq!(f.close_action(&tok, &[2, 3]), vec![1, 5]);
+        assert_eq!(f.observation(&tok, "x"), vec![7, 2, 1, 5, 8]);
+        // The model learns to end its message: the end token is trained, the newline not.
+        assert_eq!(f.demonstrated_action(&tok, "x=5"), (vec![2, 3, 1], vec![5]));
+    }
+}
