@@ -352,6 +352,14 @@ impl JudgeSpec {
         }
     }
 
+    /// The judge's model settings, mutable (`None` without a judge).
+    pub fn model_mut(&mut self) -> Option<&mut JudgeModelSpec> {
+        match self {
+            JudgeSpec::None => None,
+            JudgeSpec::Frozen(m) | JudgeSpec::Learned(m) => Some(m),
+        }
+    }
+
     /// Whether the judge is trained.
     pub fn trained(&self) -> bool {
         matches!(self, JudgeSpec::Learned(_))

@@ -480,12 +480,20 @@ fn a_missing_pretrained_model_fails_check_and_run_with_the_fetch_command() {
 /// with a message when the model has not been fetched.
 #[test]
 fn pretrained_smollm2_closed_loop_smoke() {
-    let Some(_) = smollm2() else { return };
+    let Some(model) = smollm2() else { return };
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut exp = rlany::Experiment::load(&root.join("experiments/pretrained/smollm2_arith.ron"))
+        .expect("pretrained experiment");
+    // The file's paths are relative to the repository root; tests run in tests/.
+    let judge = exp.judge.model_mut().map(|j| &mut j.model);
+    for source in std::iter::once(&mut exp.policy.model).chain(judge) {
+        if let rlany_framework::experiment::ModelSource::Pretrained(p) = source {
+            p.path = model.to_string_lossy().into_owned();
+        }
+    }
     let dir = scratch("smollm2");
     let runs = dir.join("runs").to_string_lossy().into_owned();
-    let file = root.join("experiments/pretrained/smollm2_arith.ron");
-    let file = file.to_string_lossy().into_owned();
+    let file = write(&dir, "p.ron", &exp.to_ron());
     let code = rlany(&[
         "run",
         &file,
