@@ -36,3 +36,31 @@ pub use arith::{Arith, ArithConfig, ArithEpisode, ArithSpec};
 pub use codegen::{Codegen, CodegenEpisode, CodegenSpec};
 pub use desktop::{Desktop, DesktopEpisode, DesktopSpec};
 pub use household::{Household, HouseholdEpisode, HouseholdSpec};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rlany_framework::Split;
+    use rlany_framework::plugin::EnvironmentPlugin;
+
+    /// A pretrained chat model, which has never seen these environments, is told each one's
+    /// action format (a from-scratch model learns it from the warm start instead).
+    #[test]
+    fn every_environment_tells_a_chat_model_its_action_format() {
+        let envs: [(Box<dyn rlany_framework::Environment>, &str); 4] = [
+            (ArithSpec::default().build(), "A:<value>"),
+            (CodegenSpec::default().build(), "ret"),
+            (HouseholdSpec::default().build(), "take OBJECT"),
+            (DesktopSpec::default().build(), "click(ID)"),
+        ];
+        for (env, action) in envs {
+            let d = vec![0.5; env.difficulty_space().len()];
+            let text = env
+                .sample(&d, Split::Train, 1)
+                .instructions()
+                .expect("instructions");
+            assert!(text.contains(action), "{text}");
+            assert!(text.len() < 800 && !text.contains('\n'), "{text}");
+        }
+    }
+}

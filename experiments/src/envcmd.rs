@@ -97,6 +97,12 @@ pub fn run(args: &EnvArgs) -> Result<()> {
     }
     println!("in-domain eval grid levels: {:?}", env.eval_levels());
     let ep = env.sample(&d, split, args.seed);
+    if let Some(text) = ep.instructions() {
+        println!(
+            "\nwhat a pretrained chat model is told first (its user message, before the task):"
+        );
+        println!("{text}");
+    }
     println!("\nsplit {split:?}, seed {} — the prompt:", args.seed);
     print!("{}", ep.prompt());
     if split != Split::Train {

@@ -775,9 +775,21 @@ impl CodegenEpisode {
     }
 }
 
+/// What a pretrained chat model is told before the task (see [`Episode::instructions`]).
+const INSTRUCTIONS: &str = "Write a program in a small list language that turns each input list below into its \
+output, one statement per message. Statements: `keep COND` (e.g. `keep x>3`, \
+`keep x%2==0`), `map EXPR` (e.g. `map x*2+1`), `rev`, `sort`, `take K`, `drop K`, \
+`scan +|max|min` (running), `pair +|max|min` (adjacent pairs), `let NAME=min|max|first|\
+last|len` (then use NAME in an expression), `fold +|max|min`, `count`, and `ret` to finish. \
+After each statement I show what the program so far gives on each example.";
+
 impl Episode for CodegenEpisode {
     fn prompt(&self) -> String {
         self.prompt.clone()
+    }
+
+    fn instructions(&self) -> Option<String> {
+        Some(INSTRUCTIONS.to_string())
     }
 
     fn step(&mut self, action: &str) -> StepResult {

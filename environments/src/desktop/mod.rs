@@ -777,9 +777,20 @@ impl DesktopEpisode {
     }
 }
 
+/// What a pretrained chat model is told before the task (see [`Episode::instructions`]).
+const INSTRUCTIONS: &str = "You control a document editor through its accessibility view: every element is shown \
+as `[ID]name`. Do the settings the first line below asks for, then save. Reply with exactly \
+one action per message: `click(ID)`, `type(ID, \"TEXT\")`, `key(enter)`, `key(escape)`, \
+`key(ctrl+s)` or `scroll(ID, N)` (a drop-down list shows a few options; N moves it). \
+After each action I show the new view, what OK applied, or `error: <why>`.";
+
 impl Episode for DesktopEpisode {
     fn prompt(&self) -> String {
         self.task.prompt.clone()
+    }
+
+    fn instructions(&self) -> Option<String> {
+        Some(INSTRUCTIONS.to_string())
     }
 
     fn step(&mut self, action: &str) -> StepResult {

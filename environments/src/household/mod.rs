@@ -683,9 +683,21 @@ impl HouseholdEpisode {
     }
 }
 
+/// What a pretrained chat model is told before the task (see [`Episode::instructions`]).
+const INSTRUCTIONS: &str = "You are in a house and must reach the goal on the first line below. \
+Reply with exactly one action per message: `go ROOM`, `open RECEPTACLE`, `take OBJECT`, \
+`put RECEPTACLE` (what you hold), `clean`, `heat` or `cool` (the held object, at the sink, \
+oven or fridge), `examine` (the held object, under the lamp) or `help`. After each action I \
+show what changed: a room as `name[contents]` for an open receptacle and `name?` for a shut \
+one, `holding OBJECT`, or `error: <why>`. The episode ends when the goal holds.";
+
 impl Episode for HouseholdEpisode {
     fn prompt(&self) -> String {
         self.task.prompt.clone()
+    }
+
+    fn instructions(&self) -> Option<String> {
+        Some(INSTRUCTIONS.to_string())
     }
 
     fn step(&mut self, action: &str) -> StepResult {
