@@ -166,6 +166,12 @@ where
     } else {
         Run::warm_start(settings, seed, parts, device, opts)?
     };
+    // `--stop-after 0`: the warm starts and the step-0 evaluation only (a pretrained model's
+    // zero-shot accuracy, say).
+    if opts.stop_after == Some(run.state.step) && run.state.step < run.cfg.budget.steps {
+        run.summary.interrupted = true;
+        return Ok(run.summary);
+    }
     for step in run.state.step + 1..=run.cfg.budget.steps {
         let t0 = Instant::now();
         let mut batch = StepBatch::new(step);

@@ -174,6 +174,20 @@ fn killed_and_resumed_run_writes_the_same_metrics() {
         metrics(&rb),
         "resumed run must match the uninterrupted one"
     );
+    // --stop-after 0 stops after the warm starts and the step-0 evaluation, and resumes
+    // from there to the same metrics.
+    let c = scratch("resume-c");
+    let (cc, rc) = run_tiny(&c, &["--stop-after", "0"]);
+    assert_eq!(cc, 0);
+    assert_eq!(metrics(&rc).len(), 1);
+    let rc_s = rc.to_string_lossy().into_owned();
+    let file_c = c.join("tiny.ron").to_string_lossy().into_owned();
+    assert_eq!(
+        rlany(&["run", &file_c, "--resume", &rc_s, "--no-progress"]),
+        0
+    );
+    assert_eq!(metrics(&ra), metrics(&rc), "resumed from step 0");
+    let _ = fs::remove_dir_all(c);
     // Starting the same run again without --resume refuses to overwrite it.
     assert_eq!(run_tiny(&b, &[]).0, 1);
     // Resuming with a different experiment is refused.
