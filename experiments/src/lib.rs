@@ -308,15 +308,19 @@ fn dispatch(cli: Cli) -> Result<()> {
 pub fn check(files: &[PathBuf], quiet: bool) -> Result<()> {
     let mut failed: Vec<String> = Vec::new();
     for f in files {
-        match Experiment::load(f) {
-            Ok(exp) if !missing_models(&exp).is_empty() => {
-                for m in missing_models(&exp) {
+        let loaded = Experiment::load(f).map(|exp| {
+            let missing = missing_models(&exp);
+            (exp, missing)
+        });
+        match loaded {
+            Ok((_, missing)) if !missing.is_empty() => {
+                for m in missing {
                     eprintln!("error: {}: {m}", f.display());
                 }
                 failed.push(f.display().to_string());
             }
             Ok(_) if quiet => println!("{}: ok", f.display()),
-            Ok(exp) => println!("// {}: ok\n{}", f.display(), exp.to_ron()),
+            Ok((exp, _)) => println!("// {}: ok\n{}", f.display(), exp.to_ron()),
             Err(e) => {
                 eprintln!("error: {e}");
                 failed.push(f.display().to_string());

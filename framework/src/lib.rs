@@ -30,7 +30,9 @@ pub mod warmstart;
 
 pub use env::{Difficulty, Dim, Environment, Episode, Split, StepResult};
 pub use experiment::{BackendKind, Experiment, ExperimentError};
-pub use lm::{CausalLm, ChatMarkup, Generation, PromptFormat, SampleParams, Tokenizer};
+pub use lm::{
+    CausalLm, ChatMarkup, Generation, PromptFormat, SampleParams, Tokenizer, last_positions,
+};
 pub use rng::Rng;
 pub use rollout::{StepSpan, Trajectory, rollout};
 pub use trainer::{Components, RunSummary, StepObserver, TrainError, TrainOptions, train};

@@ -165,6 +165,23 @@ impl PromptFormat {
     }
 }
 
+/// Each row's vector at its last real position (`lengths[r]` clamped to `1..=seq`).
+///
+/// # Shapes
+/// - `t`: `[batch, seq, width]`, right-padded
+/// - output: `[batch, width]`
+pub fn last_positions<B: Backend>(t: Tensor<B, 3>, lengths: &[usize]) -> Tensor<B, 2> {
+    let [n, seq, width] = t.dims();
+    let rows: Vec<i64> = lengths
+        .iter()
+        .enumerate()
+        .map(|(r, &len)| (r * seq + len.clamp(1, seq) - 1) as i64)
+        .collect();
+    let index = Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [n]), &t.device());
+    // [n, seq, width] -> [n·seq, width] -> each row's last position -> [n, width]
+    t.reshape([n * seq, width]).select(0, index)
+}
+
 /// How to sample in [`CausalLm::generate`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct SampleParams {
@@ -220,18 +237,7 @@ pub trait CausalLm<B: Backend>: Module<B> + Clone + Send + 'static {
     ///   (clamped to `1..=seq`)
     /// - output: `[batch, vocab]`
     fn last_logits(&self, tokens: Tensor<B, 2, Int>, lengths: &[usize]) -> Tensor<B, 2> {
-        let [n, seq] = tokens.dims();
-        let device = tokens.device();
-        let logits = self.forward(tokens);
-        let vocab = logits.dims()[2];
-        let rows: Vec<i64> = lengths
-            .iter()
-            .enumerate()
-            .map(|(r, &len)| (r * seq + len.clamp(1, seq) - 1) as i64)
-            .collect();
-        let index = Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [n]), &device);
-        // [n, seq, vocab] -> [n·seq, vocab] -> each row's last position -> [n, vocab]
-        logits.reshape([n * seq, vocab]).select(0, index)
+        last_positions(self.forward(tokens), lengths)
     }
 
     /// `rows` empty contexts (rows `0..rows`).

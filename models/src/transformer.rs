@@ -21,7 +21,7 @@ use burn::prelude::*;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::{DType, FloatDType};
-use rlany_framework::{CausalLm, Generation, Rng, SampleParams};
+use rlany_framework::{CausalLm, Generation, Rng, SampleParams, last_positions};
 
 use crate::decode::{self, Contexts};
 use crate::error::ModelError;
@@ -712,6 +712,23 @@ impl<B: Backend> Transformer<B> {
         self.forward_hidden(tokens, &cos, &sin, bias.as_ref(), cache)
     }
 
+    /// Final hidden states of right-padded rows read from position 0, causal mask only.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, seq]`
+    /// - output: `[batch, seq, d_model]`
+    fn causal_hidden(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        let seq = tokens.dims()[1];
+        assert!(
+            seq <= self.config.max_seq_len,
+            "sequence length {seq} exceeds max_seq_len {}",
+            self.config.max_seq_len
+        );
+        let (cos, sin) = self.rotary_prefix(seq);
+        let bias = causal_bias::<B>(0, seq, &tokens.device());
+        self.forward_hidden(tokens, &cos, &sin, bias.as_ref(), None)
+    }
+
     /// Logits of hidden states (the LM head, or the transposed embedding when tied).
     ///
     /// # Shapes
@@ -979,43 +996,15 @@ impl<B: Backend> CausalLm<B> for Transformer<B> {
     /// # Panics
     /// If `seq > max_seq_len`.
     fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        let seq = tokens.dims()[1];
-        assert!(
-            seq <= self.config.max_seq_len,
-            "sequence length {seq} exceeds max_seq_len {}",
-            self.config.max_seq_len
-        );
-        let (cos, sin) = self.rotary_prefix(seq);
-        let bias = causal_bias::<B>(0, seq, &tokens.device());
-        let hidden = self.forward_hidden(tokens, &cos, &sin, bias.as_ref(), None);
-        self.logits(hidden)
+        self.logits(self.causal_hidden(tokens))
     }
 
     /// The LM head on each row's last real position only (see the trait); the same values
     /// as [`CausalLm::forward`]'s rows there.
     fn last_logits(&self, tokens: Tensor<B, 2, Int>, lengths: &[usize]) -> Tensor<B, 2> {
-        let [n, seq] = tokens.dims();
-        assert!(
-            seq <= self.config.max_seq_len,
-            "sequence length {seq} exceeds max_seq_len {}",
-            self.config.max_seq_len
-        );
-        let device = tokens.device();
-        let (cos, sin) = self.rotary_prefix(seq);
-        let bias = causal_bias::<B>(0, seq, &device);
-        let hidden = self.forward_hidden(tokens, &cos, &sin, bias.as_ref(), None);
-        let d = hidden.dims()[2];
-        let rows: Vec<i64> = lengths
-            .iter()
-            .enumerate()
-            .map(|(r, &len)| (r * seq + len.clamp(1, seq) - 1) as i64)
-            .collect();
-        let index = Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [n]), &device);
-        // [n, seq, d] -> [n·seq, d] -> each row's last position -> [n, 1, d]
-        let last = hidden
-            .reshape([n * seq, d])
-            .select(0, index)
-            .reshape([n, 1, d]);
+        let n = tokens.dims()[0];
+        // [n, d] -> [n, 1, d]
+        let last = last_positions(self.causal_hidden(tokens), lengths).unsqueeze_dim(1);
         let logits = self.logits(last);
         let vocab = logits.dims()[2];
         // [n, 1, vocab] -> [n, vocab]
