@@ -767,7 +767,7 @@ fn dequantize(ty: GgmlType, raw: &[u8]) -> Vec<f32> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -906,12 +906,7 @@ mod tests {
         .expect("json");
         let mut worst = 0.0f64;
         for case in fixture["tiny.gguf"]["cases"].as_array().expect("cases") {
-            let ids: Vec<i64> = case["tokens"]
-                .as_array()
-                .expect("tokens")
-                .iter()
-                .map(|v| v.as_i64().expect("id"))
-                .collect();
+            let ids: Vec<i64> = ids(&case["tokens"]).into_iter().map(i64::from).collect();
             let seq = ids.len();
             let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, seq]), &device);
             let ours = model
@@ -947,8 +942,18 @@ mod tests {
         assert!(e.to_string().contains("Q4_1 and Q8_0"), "{e}");
     }
 
-    /// The pretrained model fetched by `models/fetch-smollm2.sh` (absent on a fresh clone).
-    fn smollm2() -> Option<PathBuf> {
+    /// Token ids of a fixture's JSON array.
+    pub(crate) fn ids(v: &serde_json::Value) -> Vec<u32> {
+        v.as_array()
+            .expect("an array of ids")
+            .iter()
+            .map(|v| v.as_u64().and_then(|i| u32::try_from(i).ok()).expect("id"))
+            .collect()
+    }
+
+    /// The pretrained model fetched by `models/fetch-smollm2.sh` (absent on a fresh clone),
+    /// or `None` with a skip message.
+    pub(crate) fn smollm2() -> Option<PathBuf> {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("pretrained/SmolLM2-135M-Instruct.Q4_1.gguf");
         if path.exists() {
@@ -1000,22 +1005,16 @@ mod tests {
         assert!(config.tie_embeddings && !config.qkv_bias);
         let device = Default::default();
         let model: Transformer<B> = gguf.transformer(Some(128), &device).expect("model");
-        let probes: Vec<usize> = fixture["probes"]
-            .as_array()
-            .expect("probes")
-            .iter()
-            .map(|v| v.as_u64().expect("id") as usize)
+        let probes: Vec<usize> = ids(&fixture["probes"])
+            .into_iter()
+            .map(|id| id as usize)
             .collect();
         let (mut worst, mut sum, mut n) = (0.0f64, 0.0f64, 0usize);
         for prompt in fixture["prompts"].as_array().expect("prompts") {
-            let ids: Vec<i64> = prompt["ids"]
-                .as_array()
-                .expect("ids")
-                .iter()
-                .map(|v| v.as_i64().expect("id"))
-                .collect();
-            let seq = ids.len();
-            let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, seq]), &device);
+            let prompt_ids = ids(&prompt["ids"]);
+            let seq = prompt_ids.len();
+            let wide: Vec<i64> = prompt_ids.iter().map(|&t| i64::from(t)).collect();
+            let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(wide, [1, seq]), &device);
             let logits = model
                 .forward(tokens)
                 .into_data()
@@ -1062,22 +1061,9 @@ mod tests {
                     "row mean {mean} vs {want_mean}"
                 );
             }
-        }
-        // The KV-cache path: greedy continuations equal llama.cpp's (12 tokens or up to its
-        // end of message).
-        for prompt in fixture["prompts"].as_array().expect("prompts") {
-            let ids: Vec<u32> = prompt["ids"]
-                .as_array()
-                .expect("ids")
-                .iter()
-                .map(|v| v.as_u64().expect("id") as u32)
-                .collect();
-            let want: Vec<u32> = prompt["greedy"]
-                .as_array()
-                .expect("greedy")
-                .iter()
-                .map(|v| v.as_u64().expect("id") as u32)
-                .collect();
+            // The KV-cache path: the greedy continuation equals llama.cpp's (12 tokens or up
+            // to its end of message).
+            let want = ids(&prompt["greedy"]);
             let params = rlany_framework::SampleParams {
                 temperature: 0.0,
                 top_p: 1.0,
@@ -1085,7 +1071,7 @@ mod tests {
                 stop_tokens: vec![2],
                 on_device: false,
             };
-            let got = model.generate(&[ids], &params, &mut rlany_framework::Rng::new(1));
+            let got = model.generate(&[prompt_ids], &params, &mut rlany_framework::Rng::new(1));
             assert_eq!(
                 got[0].tokens, want,
                 "greedy continuation of {:?}",

@@ -310,16 +310,10 @@ mod tests {
     /// message, when the model has not been fetched.
     #[test]
     fn smollm2_tokenizer_matches_llama_cpp() {
+        use crate::gguf::tests::{ids, smollm2};
         use rlany_framework::Tokenizer;
+        let Some(path) = smollm2() else { return };
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let path = root.join("pretrained/SmolLM2-135M-Instruct.Q4_1.gguf");
-        if !path.exists() {
-            eprintln!(
-                "skipped: {} is absent; `bash models/fetch-smollm2.sh` fetches it",
-                path.display()
-            );
-            return;
-        }
         let tok = GgufFile::open(&path)
             .expect("open")
             .tokenizer()
@@ -332,13 +326,7 @@ mod tests {
         assert!(cases.len() >= 30);
         for case in cases {
             let text = case["text"].as_str().expect("text");
-            let want: Vec<u32> = case["ids"]
-                .as_array()
-                .expect("ids")
-                .iter()
-                .map(|v| v.as_u64().expect("id") as u32)
-                .collect();
-            assert_eq!(tok.encode(text), want, "{text:?}");
+            assert_eq!(tok.encode(text), ids(&case["ids"]), "{text:?}");
         }
         assert_eq!((tok.bos(), tok.eos(), tok.vocab_size()), (1, 2, 49152));
     }
