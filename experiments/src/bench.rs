@@ -98,6 +98,10 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
             type B = burn::backend::Autodiff<burn::backend::NdArray<f32>>;
             bench_backend::<B>(&args, &Default::default())
         }
+        rlany_framework::BackendKind::Flex => {
+            type B = burn::backend::Autodiff<burn::backend::Flex>;
+            bench_backend::<B>(&args, &Default::default())
+        }
         rlany_framework::BackendKind::Wgpu => {
             #[cfg(feature = "wgpu")]
             {
@@ -228,10 +232,7 @@ where
             if args.quick { " (--quick sizes)" } else { "" }
         );
         // Tokens are chosen on the device everywhere but on the CPU backend, as in training.
-        let on_device = !matches!(
-            super::parse_backend(&args.backend)?,
-            rlany_framework::BackendKind::NdArray
-        );
+        let on_device = !super::parse_backend(&args.backend)?.is_cpu();
         let rows = crate::bench_models::run::<B>(
             device, args.quick, dtype, args.reps, &args.only, on_device,
         )?;

@@ -347,13 +347,14 @@ pub fn parse_backend(s: &str) -> Result<BackendKind> {
     let lower = s.to_ascii_lowercase();
     Ok(match lower.as_str() {
         "ndarray" | "cpu" => BackendKind::NdArray,
+        "flex" => BackendKind::Flex,
         "wgpu" => BackendKind::Wgpu,
         "cuda" => BackendKind::Cuda(0),
         other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
             Some(Ok(n)) => BackendKind::Cuda(n),
             _ => {
                 return Err(UsageError(format!(
-                    "--backend {s:?}: expected ndarray, wgpu, cuda or cuda:N"
+                    "--backend {s:?}: expected ndarray, flex, wgpu, cuda or cuda:N"
                 ))
                 .into());
             }
@@ -438,6 +439,10 @@ pub fn run(exp: &Experiment, seed: u64, opts: &TrainOptions) -> Result<RunSummar
     match exp.backend {
         BackendKind::NdArray => {
             type B = Autodiff<burn::backend::NdArray<f32>>;
+            run_seed::<B>(exp, seed, &Default::default(), opts)
+        }
+        BackendKind::Flex => {
+            type B = Autodiff<burn::backend::Flex>;
             run_seed::<B>(exp, seed, &Default::default(), opts)
         }
         BackendKind::Wgpu => {
@@ -726,6 +731,7 @@ mod tests {
     fn backend_names() {
         assert_eq!(parse_backend("cuda:2").expect("ok"), BackendKind::Cuda(2));
         assert_eq!(parse_backend("NdArray").expect("ok"), BackendKind::NdArray);
+        assert_eq!(parse_backend("flex").expect("ok"), BackendKind::Flex);
         assert!(parse_backend("tpu").is_err());
     }
 }

@@ -68,6 +68,10 @@ pub fn apply_where_present(
         arg: sets.join(" "),
         message: e.to_string(),
     })?;
+    // Fields the resolved text leaves out at their default are still settable.
+    if let Value::Object(root) = &mut tree {
+        root.entry("shards").or_insert(Value::from(exp.shards));
+    }
     for (i, arg) in sets.iter().enumerate() {
         let (path, text) = arg
             .split_once('=')
@@ -197,6 +201,7 @@ Experiment(
             "reward.policy_band=(0.1, 0.9)",
             "seeds=[4, 5]",
             "name=\"u\"",
+            "shards=2",
         ])
         .expect("applies");
         assert_eq!(e.budget.steps, 6);
@@ -208,6 +213,7 @@ Experiment(
         assert_eq!(e.reward.policy_band, (0.1, 0.9));
         assert_eq!(e.seeds, vec![4, 5]);
         assert_eq!(e.name, "u");
+        assert_eq!(e.shards, 2);
         assert_eq!(e.policy.model.spec().map(|m| m.d_model), Some(16));
         match &e.environment {
             crate::EnvironmentSpec::Arith(a) => assert_eq!(a.max_operands, 5),

@@ -92,6 +92,20 @@ pub fn target_logprobs<B: LogProbOps>(
 /// - `logits`: `[batch, seq, vocab]`
 /// - `weight`: `[batch, seq]`
 pub fn weighted_entropy<B: Backend>(logits: Tensor<B, 3>, weight: Tensor<B, 2>) -> f64 {
+    let (sum, n) = entropy_sum(logits, weight);
+    if n == 0.0 {
+        return 0.0;
+    }
+    sum / n
+}
+
+/// The summed per-token entropy over the positions where `weight > 0`, and their count
+/// (what [`weighted_entropy`] divides; shards add these up).
+///
+/// # Shapes
+/// - `logits`: `[batch, seq, vocab]`
+/// - `weight`: `[batch, seq]`
+pub fn entropy_sum<B: Backend>(logits: Tensor<B, 3>, weight: Tensor<B, 2>) -> (f64, f64) {
     let logp = burn::tensor::activation::log_softmax(logits, 2);
     // [b, t, 1] → [b, t]
     let ent = (logp.clone().exp() * logp)
@@ -101,9 +115,9 @@ pub fn weighted_entropy<B: Backend>(logits: Tensor<B, 3>, weight: Tensor<B, 2>) 
     let mask = weight.greater_elem(0.0).float();
     let n = mask.clone().sum().into_scalar().elem::<f64>();
     if n == 0.0 {
-        return 0.0;
+        return (0.0, 0.0);
     }
-    (ent * mask).sum().into_scalar().elem::<f64>() / n
+    ((ent * mask).sum().into_scalar().elem::<f64>(), n)
 }
 
 /// A host array `[batch, seq]` as a float tensor.

@@ -10,7 +10,7 @@ use crate::advantage::accuracy;
 use crate::env::{Environment, Split};
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
 use crate::rng::Rng;
-use crate::rollout::{Trajectory, rollout};
+use crate::rollout::{Trajectory, rollout_sharded};
 use burn::prelude::Backend;
 
 /// Accuracy and trajectories of one evaluation split.
@@ -45,6 +45,8 @@ pub struct EvalSpec<'a> {
     pub max_env_steps: usize,
     /// Choose tokens on the device ([`SampleParams::on_device`]).
     pub on_device: bool,
+    /// Data-parallel shards: the tasks are played in this many groups, a thread each.
+    pub shards: usize,
 }
 
 /// Plays `spec.tasks` tasks of `spec.split` greedily.
@@ -63,6 +65,7 @@ pub fn evaluate<B: Backend, M: CausalLm<B>>(
         max_step_tokens,
         max_env_steps,
         on_device,
+        shards,
     } = *spec;
     let mut task_rng = Rng::derive(
         seed,
@@ -90,7 +93,15 @@ pub fn evaluate<B: Backend, M: CausalLm<B>>(
     };
     // Greedy decoding draws no random numbers; the stream is only a formality.
     let mut rng = Rng::derive(seed, "eval-sampling");
-    let trajectories = rollout(model, tok, episodes, &params, max_env_steps, &mut rng);
+    let trajectories = rollout_sharded(
+        model,
+        tok,
+        episodes,
+        &params,
+        max_env_steps,
+        &mut rng,
+        shards,
+    );
     let outcomes: Vec<bool> = trajectories.iter().map(|t| t.outcome).collect();
     let labels: Vec<bool> = trajectories
         .iter()

@@ -60,10 +60,32 @@ pub enum BackendKind {
     /// The CPU backend (always compiled in).
     #[default]
     NdArray,
+    /// Burn's newer CPU backend (always compiled in): strided matrix products through the
+    /// `gemm` crate, zero-copy views, SIMD element-wise ops, rayon for large tensors.
+    Flex,
     /// WGPU (Vulkan/Metal/DX12); needs the `wgpu` cargo feature.
     Wgpu,
     /// CUDA device `n`; needs the `cuda` cargo feature.
     Cuda(usize),
+}
+
+impl BackendKind {
+    /// Whether the backend computes on the host CPU, where tokens are drawn by the host sampler
+    /// (the device is the host: nothing to save by sampling on it).
+    pub fn is_cpu(self) -> bool {
+        matches!(self, Self::NdArray | Self::Flex)
+    }
+}
+
+/// The most data-parallel shards an experiment may ask for (one thread each).
+pub const MAX_SHARDS: usize = 256;
+
+fn one() -> usize {
+    1
+}
+
+fn is_one(n: &usize) -> bool {
+    *n == 1
 }
 
 /// The longest experiment name: it names a directory (`runs/<name>/`), and file systems
@@ -85,6 +107,13 @@ pub struct Experiment<E, A> {
     /// Backend, overridable with `--backend`.
     #[serde(default)]
     pub backend: BackendKind,
+    /// Data-parallel shards of every training batch (warm starts and PPO updates), each run
+    /// forward and backward on its own thread and the gradients summed in shard order. On a
+    /// CPU backend with `n` cores, up to `n` makes the updates up to `n`× faster. The float
+    /// sums are grouped by shard, so the number is part of the experiment: the same shards
+    /// and seed give the same metrics on any machine. 1: one batch on one thread.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub shards: usize,
     /// The environment plugin and its settings.
     pub environment: E,
     /// The policy model, its warm start and its sampling.
@@ -662,6 +691,7 @@ impl<E: EnvironmentChoice, A: AdaptationChoice> Experiment<E, A> {
     /// Checks every range; the first violation, with its dotted field path.
     pub fn validate(&self) -> Checked {
         use check::{band, count, positive, real};
+        count("shards", self.shards, 1, MAX_SHARDS)?;
         let name_ok = !self.name.trim().is_empty()
             && self
                 .name

@@ -23,6 +23,7 @@ pub mod rng;
 pub mod rollout;
 pub mod rundir;
 pub mod sampling;
+pub mod shard;
 pub mod step;
 pub mod trainer;
 pub mod warmcache;

@@ -144,6 +144,48 @@ pub fn rollout<B: Backend, M: CausalLm<B>>(
         .collect()
 }
 
+/// [`rollout`] in `shards` contiguous groups of the episodes, each on its own thread with
+/// its own copy of the model and its own sampling stream, seeded from `rng` in group order;
+/// the trajectories come back in the episodes' order (framework/METHOD.md, "Shards"). One
+/// shard is [`rollout`] itself, drawing from `rng` directly.
+#[allow(clippy::too_many_arguments)]
+pub fn rollout_sharded<B: Backend, M: CausalLm<B>>(
+    model: &M,
+    tok: &dyn Tokenizer,
+    episodes: Vec<(usize, Box<dyn Episode>)>,
+    params: &SampleParams,
+    max_env_steps: usize,
+    rng: &mut Rng,
+    shards: usize,
+) -> Vec<Trajectory> {
+    if shards <= 1 || episodes.len() < 2 {
+        return rollout(model, tok, episodes, params, max_env_steps, rng);
+    }
+    // (episodes, seed of its sampling stream) per group.
+    type Group = (Vec<(usize, Box<dyn Episode>)>, u64);
+    let mut rest = episodes.into_iter();
+    let groups: Vec<Group> = crate::shard::ranges(rest.len(), shards)
+        .into_iter()
+        .map(|r| (rest.by_ref().take(r.len()).collect(), rng.next_u64()))
+        .collect();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = groups
+            .into_iter()
+            .map(|(group, seed)| {
+                let model = model.clone();
+                scope.spawn(move || {
+                    let mut stream = Rng::new(seed);
+                    rollout(&model, tok, group, params, max_env_steps, &mut stream)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
+}
+
 /// The flawed expert's solution of the task `env.sample(d, Split::Train, seed)` (slip
 /// probability `noise`), replayed in that task: each line with the observation the
 /// environment answered, its oracle label and the dimensions it exercises, until the episode

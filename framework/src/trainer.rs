@@ -24,7 +24,7 @@ use crate::checkpoint::{self, CheckpointError};
 use crate::env::{Difficulty, Environment, Split};
 use crate::eval::{EvalSpec, evaluate};
 use crate::experiment::{
-    BackendKind, Budget, Experiment, JudgeSpec, KlTarget, PpoSpec, RewardSpec, Sampling, WarmStart,
+    Budget, Experiment, JudgeSpec, KlTarget, PpoSpec, RewardSpec, Sampling, WarmStart,
 };
 use crate::judge;
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
@@ -32,7 +32,7 @@ use crate::plugin::{AdaptationChoice, EnvironmentChoice};
 use crate::ppo::{NonFinite, UpdateParams, ppo_update};
 use crate::progress;
 use crate::rng::Rng;
-use crate::rollout::rollout;
+use crate::rollout::rollout_sharded;
 use crate::rundir::{Metrics, RunDir, RunDirError};
 use crate::step::{self, StepBatch};
 use crate::warmcache::{self, WarmCache};
@@ -202,6 +202,8 @@ struct Settings {
     ppo: PpoSpec,
     budget: Budget,
     kernels: KernelChoice,
+    /// Data-parallel shards per training batch.
+    shards: usize,
     /// The environment plugin's starting difficulty of every task slot.
     start: Difficulty,
     /// When a slot may propose.
@@ -236,6 +238,11 @@ impl Settings {
             "kernels": json(&exp.kernels),
             "backend": json(&exp.backend),
         });
+        // Shards change the warm start's float sums; one shard keeps the keys made before them.
+        let mut warm_policy_inputs = warm_policy_inputs;
+        if exp.shards != 1 {
+            warm_policy_inputs["shards"] = exp.shards.into();
+        }
         let warm_judge_inputs = serde_json::json!({
             "policy": warm_policy_inputs.clone(),
             "judge": exp.judge.model().map(|j| (json(&j.model), json(&j.warm_start))),
@@ -254,10 +261,11 @@ impl Settings {
             ppo: exp.ppo().clone(),
             budget: exp.budget.clone(),
             kernels: exp.kernels.choice(),
+            shards: exp.shards,
             start: exp.environment.plugin().start_difficulty(),
             gate: exp.gate.clone(),
             critic: exp.critic,
-            sample_on_device: !matches!(exp.backend, BackendKind::NdArray),
+            sample_on_device: !exp.backend.is_cpu(),
             band: proposer.map_or((0.2, 0.8), |p| p.band()),
             adaptive: proposer.is_some(),
         }
@@ -429,6 +437,7 @@ where
                     label: "warm start",
                     progress: opts.progress,
                     kernels: cfg.kernels,
+                    shards: cfg.shards,
                 };
                 let (policy, loss) = warm_start(
                     fresh,
@@ -530,6 +539,7 @@ where
             label: "judge warm",
             progress: self.opts.progress,
             kernels: self.cfg.kernels,
+            shards: self.cfg.shards,
         };
         let (judge, loss) = supervised(judge, self.tok, &sft, self.device, |_| {
             (0..ws.batch.min(examples.len()))
@@ -592,13 +602,14 @@ where
         batch.groups = groups;
         let old = self.policy.valid();
         let pb = progress::bar(1, "rollout", self.opts.progress);
-        batch.trajs = rollout(
+        batch.trajs = rollout_sharded(
             &old,
             self.tok,
             episodes,
             &self.params,
             self.cfg.budget.max_env_steps,
             &mut self.state.rollout_rng,
+            self.cfg.shards,
         );
         pb.finish_and_clear();
         self.old_policy = Some(old);
@@ -671,6 +682,7 @@ where
             minibatches: ppo.policy_updates,
             pad: self.tok.pad(),
             kernels: self.cfg.kernels,
+            shards: self.cfg.shards,
         }
     }
 
@@ -888,6 +900,7 @@ where
                 max_step_tokens: mst,
                 max_env_steps: b.max_env_steps,
                 on_device: self.cfg.sample_on_device,
+                shards: self.cfg.shards,
             };
             evaluate(&policy, self.env, self.tok, &spec)
         };

@@ -71,6 +71,8 @@ pub struct SftOptions {
     pub progress: bool,
     /// Fused kernels or the reference composition for the token log-probs.
     pub kernels: KernelChoice,
+    /// Data-parallel shards per batch, each on its own thread (1: one batch, one thread).
+    pub shards: usize,
 }
 
 /// Runs `spec.steps` AdamW steps of supervised fine-tuning on fresh demonstrations and returns
@@ -121,33 +123,79 @@ where
         label,
         progress: show_progress,
         kernels,
+        shards,
     } = *opts;
+    let pad = tok.pad();
     let mut optim = AdamWConfig::new().with_weight_decay(0.0).init::<B, M>();
     let mut pb = progress::bar(steps as u64, label, show_progress);
     let mut last = f64::NAN;
     for step in 0..steps {
         let examples = next_batch(step);
-        let seqs: Vec<&[u32]> = examples.iter().map(|(ids, _)| ids.as_slice()).collect();
-        let batch = token_batch::<B>(&seqs, tok.pad(), model.max_seq_len(), device);
-        let mut mask = vec![0f32; batch.batch * batch.seq];
-        for (r, (_, target)) in examples.iter().enumerate() {
-            for j in 0..batch.seq.min(target.len().saturating_sub(1)) {
-                mask[r * batch.seq + j] = if target[j + 1] { 1.0 } else { 0.0 };
-            }
-        }
-        let n: f32 = mask.iter().sum();
-        let mask = host_tensor::<B>(mask, batch.batch, batch.seq, device);
-        let lp = sequence_logprobs(&model, &batch, kernels);
-        let loss = (lp * mask).sum().neg().div_scalar(n.max(1.0));
-        last = loss.clone().into_scalar().elem::<f64>();
-        if !last.is_finite() {
-            return Err(NonFinite("supervised loss"));
-        }
+        // Every target token of the batch weighs 1/n, whichever shard holds it.
+        let n = examples
+            .iter()
+            .map(|(ids, target)| {
+                let seq = ids.len().min(model.max_seq_len()).saturating_sub(1);
+                (0..seq)
+                    .filter(|&j| target.get(j + 1) == Some(&true))
+                    .count()
+            })
+            .sum::<usize>()
+            .max(1) as f32;
         let lr_now = lr * (1.0 - 0.9 * step as f64 / steps.max(1) as f64);
-        (model, _) = optim::step(model, &mut optim, loss, lr_now, max_grad_norm);
+        if shards <= 1 {
+            let (loss, value) = sft_loss(&model, &examples, n, pad, kernels, device);
+            last = value;
+            if !last.is_finite() {
+                return Err(NonFinite("supervised loss"));
+            }
+            (model, _) = optim::step(model, &mut optim, loss, lr_now, max_grad_norm);
+        } else {
+            let inputs: Vec<_> = crate::shard::ranges(examples.len(), shards)
+                .into_iter()
+                .map(|r| &examples[r])
+                .collect();
+            let (grads, values) = crate::shard::grads(&model, inputs, |m: &M, rows| {
+                sft_loss(m, rows, n, pad, kernels, device)
+            });
+            last = values.iter().sum();
+            if !last.is_finite() {
+                return Err(NonFinite("supervised loss"));
+            }
+            (model, _) = optim::apply(model, &mut optim, grads, lr_now, max_grad_norm);
+        }
         pb.set_message(format!("loss {last:.3}"));
         pb.inc(1);
     }
     pb.finish_and_clear();
     Ok((model, last))
+}
+
+/// Minus the summed log-probs of `rows`' target tokens over `n` (the whole batch's target
+/// count, so that shards' losses add up to the batch's), and its value.
+fn sft_loss<B, M>(
+    model: &M,
+    rows: &[(Vec<u32>, Vec<bool>)],
+    n: f32,
+    pad: u32,
+    kernels: KernelChoice,
+    device: &B::Device,
+) -> (Tensor<B, 1>, f64)
+where
+    B: AutodiffLogProbOps,
+    M: CausalLm<B>,
+{
+    let seqs: Vec<&[u32]> = rows.iter().map(|(ids, _)| ids.as_slice()).collect();
+    let batch = token_batch::<B>(&seqs, pad, model.max_seq_len(), device);
+    let mut mask = vec![0f32; batch.batch * batch.seq];
+    for (r, (_, target)) in rows.iter().enumerate() {
+        for j in 0..batch.seq.min(target.len().saturating_sub(1)) {
+            mask[r * batch.seq + j] = if target[j + 1] { 1.0 } else { 0.0 };
+        }
+    }
+    let mask = host_tensor::<B>(mask, batch.batch, batch.seq, device);
+    let lp = sequence_logprobs(model, &batch, kernels);
+    let loss = (lp * mask).sum().neg().div_scalar(n);
+    let value = loss.clone().into_scalar().elem::<f64>();
+    (loss, value)
 }

@@ -186,6 +186,9 @@ where
 {
 }
 
+/// Flex (Burn's newer CPU backend): the default composition too.
+impl LogProbOps for burn::backend::Flex {}
+
 pub(crate) fn float<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(t))
 }

@@ -755,6 +755,253 @@ fn full_vocabulary_kl_trains_on_ndarray() {
     fused_and_reference_agree_on("ndarray", FULL_KL);
 }
 
+/// Data-parallel shards on the full system (learned judge, GP proposer, KL against a frozen
+/// reference): two shards give the same metrics twice over. (They are not one shard's
+/// metrics: each group samples from its own stream; `shards_compute_what_one_batch_does`
+/// checks the pieces against one batch.)
+#[test]
+fn two_shards_run_the_full_system_deterministically() {
+    let dir = scratch("shards");
+    let mut logs = Vec::new();
+    for tag in ["a", "b"] {
+        let text = tiny_full()
+            .replace("name: \"tiny_full\"", &format!("name: \"shards_{tag}\""))
+            .replace("steps: 6, tasks_per_step", "steps: 3, tasks_per_step")
+            .replace("\n)\n", "\n    shards: 2,\n)\n");
+        let file = write(&dir, &format!("{tag}.ron"), &text);
+        let runs = dir.join("runs").to_string_lossy().into_owned();
+        let code = rlany(&["run", &file, "--runs-dir", &runs, "--no-progress"]);
+        assert_eq!(code, 0, "{tag}");
+        logs.push(metrics(&dir.join(format!("runs/shards_{tag}/seed-3"))));
+    }
+    assert!(
+        logs[0].iter().any(|m| m.get("policy/updates").is_some())
+            && logs[0].iter().any(|m| m.get("judge/updates").is_some()),
+        "no policy and judge update ran"
+    );
+    assert_eq!(logs[0], logs[1], "two shards, run twice");
+    let _ = fs::remove_dir_all(dir);
+}
+
+/// The Flex CPU backend trains the tiny experiment deterministically. Its floats differ from
+/// NdArray's, and sampled rollouts can then diverge, so against NdArray only the warm start's
+/// final loss is compared (within 1%).
+#[test]
+fn the_flex_backend_runs_deterministically() {
+    let mut logs = Vec::new();
+    let mut dirs = Vec::new();
+    for tag in ["flex-a", "flex-b"] {
+        let dir = scratch(tag);
+        let (code, run) = run_tiny(&dir, &["--backend", "flex"]);
+        assert_eq!(code, 0, "{tag}");
+        logs.push(metrics(&run));
+        dirs.push(dir);
+    }
+    assert_eq!(logs[0], logs[1], "Flex, same seed twice");
+    assert!(
+        logs[0].iter().any(|m| m.get("policy/updates").is_some()),
+        "no step trained the policy on Flex"
+    );
+    let nd = scratch("flex-nd");
+    let (code, run) = run_tiny(&nd, &["--stop-after", "0"]);
+    assert_eq!(code, 0);
+    let loss = |m: &[Value]| m[0]["warm/policy_loss"].as_f64().expect("warm loss");
+    let (f, n) = (loss(&logs[0]), loss(&metrics(&run)));
+    assert!(
+        (f - n).abs() < 1e-2 * n.abs(),
+        "warm loss Flex {f} vs NdArray {n}"
+    );
+    dirs.push(nd);
+    for d in dirs {
+        let _ = fs::remove_dir_all(d);
+    }
+}
+
+/// Every parameter of a model, flattened in visiting order.
+fn flat_params<B: burn::prelude::Backend, M: burn::module::Module<B>>(m: &M) -> Vec<f32> {
+    struct Flat(Vec<f32>);
+    impl<B: burn::prelude::Backend> burn::module::ModuleVisitor<B> for Flat {
+        fn visit_float<const D: usize>(
+            &mut self,
+            p: &burn::module::Param<burn::prelude::Tensor<B, D>>,
+        ) {
+            self.0
+                .extend(p.val().into_data().to_vec::<f32>().expect("f32 parameters"));
+        }
+    }
+    let mut v = Flat(Vec::new());
+    m.visit(&mut v);
+    v.0
+}
+
+fn assert_all_close(a: &[f32], b: &[f32], tol: f32, what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    let worst = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    assert!(worst <= tol, "{what}: max |diff| {worst} > {tol}");
+}
+
+/// Shards on a real model, piece by piece: two shards' PPO update (two minibatches, each
+/// split) and supervised steps move every weight as one batch does, within float rounding,
+/// and report the same statistics; a greedy rollout in two threads plays the same
+/// trajectories as one.
+#[test]
+fn shards_compute_what_one_batch_does() {
+    use burn::backend::{Autodiff, NdArray};
+    use burn::module::AutodiffModule;
+    use rlany_framework::experiment::KlEstimator;
+    use rlany_framework::ppo::{Sample, Unit, UpdateParams, ppo_update};
+    use rlany_framework::warmstart::{SftOptions, supervised};
+    use rlany_framework::{Rng, SampleParams, Tokenizer};
+    use rlany_kernels::KernelChoice;
+    use rlany_models::{CharTokenizer, TransformerConfig};
+    type B = Autodiff<NdArray<f32>>;
+
+    let device = Default::default();
+    let tok = CharTokenizer::new();
+    let vocab = tok.vocab_size();
+    let model = TransformerConfig::new(vocab, 32, 1, 2, 1, 64, 48)
+        .init_seeded::<B>(&device, &mut Rng::derive(5, "init"))
+        .expect("model");
+    let mut rng = Rng::derive(5, "samples");
+    let samples: Vec<Sample> = (0..7)
+        .map(|i| {
+            let len = 12 + 4 * i;
+            let tokens = (0..len)
+                .map(|_| 1 + (rng.next_u64() % (vocab as u64 - 1)) as u32)
+                .collect();
+            let units = vec![
+                Unit {
+                    start: 3,
+                    end: 7,
+                    adv: 1.0 - 0.4 * i as f64,
+                },
+                Unit {
+                    start: 8,
+                    end: len,
+                    adv: 0.3,
+                },
+            ];
+            Sample { tokens, units }
+        })
+        .collect();
+
+    let ppo = |shards| {
+        let mut optim = burn::optim::AdamWConfig::new().init();
+        let old = model.valid();
+        let params = UpdateParams {
+            clip: 0.2,
+            kl_coef: 0.05,
+            estimator: KlEstimator::K3,
+            lr: 3e-3,
+            max_grad_norm: 1.0,
+            minibatches: 2,
+            pad: tok.pad(),
+            kernels: KernelChoice::Fused,
+            shards,
+        };
+        let (m, stats) = ppo_update(
+            model.clone(),
+            &mut optim,
+            &old,
+            &old,
+            &samples,
+            &params,
+            &mut Rng::derive(5, "minibatches"),
+            "test",
+            false,
+            &device,
+        )
+        .expect("finite");
+        (flat_params(&m), stats.expect("units"))
+    };
+    let (one, s1) = ppo(1);
+    let (two, s2) = ppo(2);
+    assert_ne!(one, flat_params(&model), "the update moved nothing");
+    assert_all_close(&one, &two, 1e-5, "PPO weights");
+    for (name, a, b) in [
+        ("loss", s1.loss, s2.loss),
+        ("kl", s1.kl, s2.kl),
+        ("clipfrac", s1.clipfrac, s2.clipfrac),
+        ("grad_norm", s1.grad_norm, s2.grad_norm),
+        ("entropy", s1.entropy, s2.entropy),
+    ] {
+        assert!(
+            (a - b).abs() <= 1e-5 * a.abs().max(1.0),
+            "{name}: {a} vs {b}"
+        );
+    }
+    assert_eq!((s1.tokens, s1.updates), (s2.tokens, s2.updates));
+
+    let examples: Vec<(Vec<u32>, Vec<bool>)> = samples
+        .iter()
+        .map(|s| {
+            let target = (0..s.tokens.len()).map(|j| j % 3 != 0).collect();
+            (s.tokens.clone(), target)
+        })
+        .collect();
+    let sft = |shards| {
+        let opts = SftOptions {
+            steps: 3,
+            lr: 3e-3,
+            max_grad_norm: 1.0,
+            label: "test",
+            progress: false,
+            kernels: KernelChoice::Fused,
+            shards,
+        };
+        let (m, loss) =
+            supervised(model.clone(), &tok, &opts, &device, |_| examples.clone()).expect("finite");
+        (flat_params(&m), loss)
+    };
+    let ((w1, l1), (w3, l3)) = (sft(1), sft(3));
+    assert_all_close(&w1, &w3, 1e-5, "supervised weights");
+    assert!((l1 - l3).abs() < 1e-5, "supervised loss {l1} vs {l3}");
+
+    // Greedy rollouts draw nothing: two threads play what one does.
+    let exp = rlany::Experiment::parse(TINY, Path::new("tiny.ron")).expect("tiny");
+    let env = rlany::build_environment(&exp);
+    let episodes = || {
+        (0..9)
+            .map(|i| {
+                let d = [0.5, 0.0, 0.5];
+                (
+                    i,
+                    env.sample(&d, rlany_framework::Split::Train, 100 + i as u64),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let params = SampleParams {
+        temperature: 0.0,
+        top_p: 1.0,
+        max_new_tokens: 8,
+        stop_tokens: tok.prompt_format().stop_tokens(&tok),
+        on_device: false,
+    };
+    let inner = model.valid();
+    let play = |shards| {
+        rlany_framework::rollout::rollout_sharded(
+            &inner,
+            &tok,
+            episodes(),
+            &params,
+            3,
+            &mut Rng::derive(5, "rollout"),
+            shards,
+        )
+        .into_iter()
+        .map(|t| (t.task, t.tokens, t.outcome))
+        .collect::<Vec<_>>()
+    };
+    let (one, two) = (play(1), play(2));
+    assert_eq!(one.len(), 9);
+    assert_eq!(one, two, "greedy trajectories, one thread vs two");
+}
+
 /// Every line of a run's JSON-lines file, wall-clock keys removed.
 fn lines(run: &Path, file: &str) -> Vec<Value> {
     let Ok(text) = fs::read_to_string(run.join(file)) else {

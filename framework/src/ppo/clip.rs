@@ -72,8 +72,24 @@ where
     M: AutodiffModule<B>,
     O: Optimizer<M, B>,
 {
-    let grads = loss.backward();
-    let mut grads = GradientsParams::from_grads(grads, &model);
+    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    apply(model, optim, grads, lr, max_norm)
+}
+
+/// Global-norm clip and one optimiser step with gradients already computed (the shards'
+/// sum, see [`crate::shard`]); returns the model and the norm before clipping.
+pub fn apply<B, M, O>(
+    model: M,
+    optim: &mut O,
+    mut grads: GradientsParams,
+    lr: f64,
+    max_norm: f64,
+) -> (M, f64)
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    O: Optimizer<M, B>,
+{
     let norm = clip_global_norm(&model, &mut grads, max_norm);
     (optim.step(lr, model, grads), norm)
 }

@@ -7,7 +7,7 @@
 //! the same: its tokens share `1 / (tokens in the unit) / (units in the minibatch)`.
 
 use crate::batch::{
-    TokenBatch, host_tensor, sequence_logprobs, target_logprobs, token_batch, weighted_entropy,
+    TokenBatch, entropy_sum, host_tensor, sequence_logprobs, target_logprobs, token_batch,
 };
 use crate::experiment::KlEstimator;
 use crate::lm::CausalLm;
@@ -15,7 +15,7 @@ use crate::ppo::loss::{KlTerm, ppo_loss};
 use crate::progress;
 use crate::rng::Rng;
 use burn::module::AutodiffModule;
-use burn::optim::Optimizer;
+use burn::optim::{GradientsParams, Optimizer};
 use burn::prelude::*;
 use rlany_kernels::AutodiffLogProbOps;
 
@@ -58,6 +58,8 @@ pub struct UpdateParams {
     pub pad: u32,
     /// Fused kernels or the reference composition for the token log-probs.
     pub kernels: rlany_kernels::KernelChoice,
+    /// Data-parallel shards per minibatch, each on its own thread (see [`crate::shard`]).
+    pub shards: usize,
 }
 
 /// Means over the minibatches of one update phase.
@@ -116,85 +118,92 @@ where
     let n_mb = params.minibatches.clamp(1, order.len());
     let mb_size = order.len().div_ceil(n_mb);
     let mut stats = UpdateStats::default();
+    let mut entropy = (0.0, 0.0);
+    let same_target = std::ptr::eq(old, target);
     let mut pb = progress::bar(order.chunks(mb_size).len() as u64, label, show_progress);
     for (k, mb) in order.chunks(mb_size).enumerate() {
-        let seqs: Vec<&[u32]> = mb.iter().map(|&i| samples[i].tokens.as_slice()).collect();
-        let batch = token_batch::<B>(&seqs, params.pad, model.max_seq_len(), device);
-        let (adv, weight, n_tok) = unit_targets(mb, samples, batch.batch, batch.seq);
-        stats.tokens += n_tok;
-        let inner = TokenBatch::<B::InnerBackend> {
-            inputs: batch.inputs.clone().inner(),
-            targets: batch.targets.clone().inner(),
-            batch: batch.batch,
-            seq: batch.seq,
-        };
-        // One forward of the rollout model serves its log-probs and (first minibatch) entropy.
-        let old_logits = old.forward(inner.inputs.clone());
-        if k == 0 {
-            let weight_inner =
-                host_tensor::<B::InnerBackend>(weight.clone(), batch.batch, batch.seq, device);
-            stats.entropy = weighted_entropy(old_logits.clone(), weight_inner);
-        }
-        let same_target = std::ptr::eq(old, target);
-        let (new_lp, old_lp, kl) = match params.estimator.sampled() {
-            Some(estimator) => {
-                let old_lp = target_logprobs(old_logits, &inner, params.kernels);
-                let target_lp = if same_target {
-                    old_lp.clone()
-                } else {
-                    sequence_logprobs(target, &inner, params.kernels)
-                };
-                let new_lp = sequence_logprobs(&model, &batch, params.kernels);
-                let kl = KlTerm::Sampled {
-                    target_lp: Tensor::from_inner(target_lp),
-                    estimator,
-                };
-                (new_lp, old_lp, kl)
+        let rows: Vec<&Sample> = mb.iter().map(|&i| &samples[i]).collect();
+        // Every unit of the minibatch weighs the same, whichever shard holds it.
+        let n_units = rows.iter().map(|s| s.units.len()).sum::<usize>();
+        let first = k == 0;
+        let (grads, parts) = if params.shards <= 1 {
+            let (loss, part) = minibatch_loss(
+                &model,
+                old,
+                target,
+                same_target,
+                &rows,
+                n_units,
+                params,
+                first,
+                device,
+            );
+            if !part.loss.is_finite() {
+                return Err(NonFinite("loss"));
             }
-            None => {
-                // The exact KL needs the target's whole distribution at every position.
-                let target_logits = if same_target {
-                    old_logits.clone()
-                } else {
-                    target.forward(inner.inputs.clone())
-                };
-                let old_lp = target_logprobs(old_logits, &inner, params.kernels);
-                let new_logits = model.forward(batch.inputs.clone());
-                let new_lp = target_logprobs(new_logits.clone(), &batch, params.kernels);
-                let kl = full_kl(
-                    new_logits,
-                    Tensor::from_inner(target_logits),
-                    params.kernels,
-                );
-                (new_lp, old_lp, KlTerm::Exact(kl))
+            (
+                GradientsParams::from_grads(loss.backward(), &model),
+                vec![part],
+            )
+        } else {
+            let inputs: Vec<_> = crate::shard::ranges(rows.len(), params.shards)
+                .into_iter()
+                .map(|r| {
+                    (
+                        &rows[r],
+                        old.clone(),
+                        (!same_target).then(|| target.clone()),
+                    )
+                })
+                .collect();
+            let (grads, parts) =
+                crate::shard::grads(&model, inputs, |m: &M, (rows, old, target)| {
+                    let target_ref = target.as_ref().unwrap_or(&old);
+                    minibatch_loss(
+                        m,
+                        &old,
+                        target_ref,
+                        target.is_none(),
+                        rows,
+                        n_units,
+                        params,
+                        first,
+                        device,
+                    )
+                });
+            if !parts.iter().all(|p| p.loss.is_finite()) {
+                return Err(NonFinite("loss"));
             }
+            (grads, parts)
         };
-        let out = ppo_loss(
-            new_lp,
-            Tensor::from_inner(old_lp),
-            kl,
-            host_tensor::<B>(adv, batch.batch, batch.seq, device),
-            host_tensor::<B>(weight, batch.batch, batch.seq, device),
-            params.clip,
-            params.kl_coef,
-        );
-        let loss = out.loss.clone().into_scalar().elem::<f64>();
-        if !loss.is_finite() {
-            return Err(NonFinite("loss"));
-        }
         let norm;
         (model, norm) =
-            crate::ppo::clip::step(model, optim, out.loss, params.lr, params.max_grad_norm);
+            crate::ppo::clip::apply(model, optim, grads, params.lr, params.max_grad_norm);
         if !norm.is_finite() {
             return Err(NonFinite("gradient norm"));
         }
-        stats.loss += loss;
-        stats.kl += out.kl.into_scalar().elem::<f64>();
-        stats.clipfrac += out.clipfrac.into_scalar().elem::<f64>();
+        let wsum: f64 = parts.iter().map(|p| p.wsum).sum();
+        stats.loss += parts.iter().map(|p| p.loss).sum::<f64>();
+        stats.kl += parts.iter().map(|p| p.kl).sum::<f64>();
+        stats.clipfrac += match parts.as_slice() {
+            [one] => one.clipfrac,
+            _ => parts.iter().map(|p| p.clipfrac * p.wsum).sum::<f64>() / wsum.max(1e-12),
+        };
+        stats.tokens += parts.iter().map(|p| p.tokens).sum::<usize>();
+        if first {
+            entropy = parts
+                .iter()
+                .fold((0.0, 0.0), |(s, n), p| (s + p.entropy.0, n + p.entropy.1));
+        }
         stats.grad_norm += norm;
         stats.updates += 1;
         pb.inc(1);
     }
+    stats.entropy = if entropy.1 == 0.0 {
+        0.0
+    } else {
+        entropy.0 / entropy.1
+    };
     pb.finish_and_clear();
     let n = stats.updates as f64;
     stats.loss /= n;
@@ -202,6 +211,114 @@ where
     stats.clipfrac /= n;
     stats.grad_norm /= n;
     Ok((model, Some(stats)))
+}
+
+/// One minibatch's (or shard's) share of the loss, with its diagnostics.
+struct Part {
+    /// Its loss.
+    loss: f64,
+    /// Its `Σ w · kl`.
+    kl: f64,
+    /// Its weighted fraction of clipped tokens.
+    clipfrac: f64,
+    /// Its `Σ w` (to weigh `clipfrac` across shards).
+    wsum: f64,
+    /// Summed entropy of the rollout model and its token count (first minibatch only).
+    entropy: (f64, f64),
+    /// Its trained tokens.
+    tokens: usize,
+}
+
+/// The PPO loss of `rows` (a minibatch, or one shard of it whose units weigh `1 / n_units`
+/// each, `n_units` counted over the whole minibatch) and its diagnostics. `old` produced the
+/// samples; `target` is the KL's reference (`same_target`: it is `old`).
+#[allow(clippy::too_many_arguments)]
+fn minibatch_loss<B, M>(
+    model: &M,
+    old: &M::InnerModule,
+    target: &M::InnerModule,
+    same_target: bool,
+    rows: &[&Sample],
+    n_units: usize,
+    params: &UpdateParams,
+    want_entropy: bool,
+    device: &B::Device,
+) -> (Tensor<B, 1>, Part)
+where
+    B: AutodiffLogProbOps,
+    M: CausalLm<B> + AutodiffModule<B>,
+    M::InnerModule: CausalLm<B::InnerBackend>,
+{
+    let seqs: Vec<&[u32]> = rows.iter().map(|s| s.tokens.as_slice()).collect();
+    let batch = token_batch::<B>(&seqs, params.pad, model.max_seq_len(), device);
+    let (adv, weight, tokens) = unit_targets(rows, n_units, batch.batch, batch.seq);
+    let wsum = weight.iter().map(|&w| f64::from(w)).sum();
+    let inner = TokenBatch::<B::InnerBackend> {
+        inputs: batch.inputs.clone().inner(),
+        targets: batch.targets.clone().inner(),
+        batch: batch.batch,
+        seq: batch.seq,
+    };
+    // One forward of the rollout model serves its log-probs and (first minibatch) entropy.
+    let old_logits = old.forward(inner.inputs.clone());
+    let entropy = if want_entropy {
+        let weight_inner =
+            host_tensor::<B::InnerBackend>(weight.clone(), batch.batch, batch.seq, device);
+        entropy_sum(old_logits.clone(), weight_inner)
+    } else {
+        (0.0, 0.0)
+    };
+    let (new_lp, old_lp, kl) = match params.estimator.sampled() {
+        Some(estimator) => {
+            let old_lp = target_logprobs(old_logits, &inner, params.kernels);
+            let target_lp = if same_target {
+                old_lp.clone()
+            } else {
+                sequence_logprobs(target, &inner, params.kernels)
+            };
+            let new_lp = sequence_logprobs(model, &batch, params.kernels);
+            let kl = KlTerm::Sampled {
+                target_lp: Tensor::from_inner(target_lp),
+                estimator,
+            };
+            (new_lp, old_lp, kl)
+        }
+        None => {
+            // The exact KL needs the target's whole distribution at every position.
+            let target_logits = if same_target {
+                old_logits.clone()
+            } else {
+                target.forward(inner.inputs.clone())
+            };
+            let old_lp = target_logprobs(old_logits, &inner, params.kernels);
+            let new_logits = model.forward(batch.inputs.clone());
+            let new_lp = target_logprobs(new_logits.clone(), &batch, params.kernels);
+            let kl = full_kl(
+                new_logits,
+                Tensor::from_inner(target_logits),
+                params.kernels,
+            );
+            (new_lp, old_lp, KlTerm::Exact(kl))
+        }
+    };
+    let out = ppo_loss(
+        new_lp,
+        Tensor::from_inner(old_lp),
+        kl,
+        host_tensor::<B>(adv, batch.batch, batch.seq, device),
+        host_tensor::<B>(weight, batch.batch, batch.seq, device),
+        params.clip,
+        params.kl_coef,
+    );
+    let part = Part {
+        loss: out.loss.clone().into_scalar().elem::<f64>(),
+        kl: out.kl.into_scalar().elem::<f64>(),
+        clipfrac: out.clipfrac.into_scalar().elem::<f64>(),
+        wsum,
+        entropy,
+        tokens,
+    };
+    (out.loss, part)
 }
 
 /// The exact `KL(π ‖ target)` over the vocabulary at every position (gradients flow into `π`
@@ -225,20 +342,20 @@ fn full_kl<B: rlany_kernels::LogProbOps>(
         .reshape([b, t])
 }
 
-/// Per-token advantages and weights of a minibatch in the batch's `[row, j]` layout
-/// (token `k` is predicted at target position `k − 1`). Returns `(adv, weight, tokens)`.
+/// Per-token advantages and weights of `rows` in the batch's `[row, j]` layout (token `k` is
+/// predicted at target position `k − 1`); each unit weighs `1 / n_units`. Returns
+/// `(adv, weight, tokens)`.
 fn unit_targets(
-    mb: &[usize],
-    samples: &[Sample],
+    rows: &[&Sample],
+    n_units: usize,
     batch: usize,
     seq: usize,
 ) -> (Vec<f32>, Vec<f32>, usize) {
-    let n_units: usize = mb.iter().map(|&i| samples[i].units.len()).sum();
     let mut adv = vec![0f32; batch * seq];
     let mut weight = vec![0f32; batch * seq];
     let mut n_tok = 0;
-    for (r, &i) in mb.iter().enumerate() {
-        for u in &samples[i].units {
+    for (r, sample) in rows.iter().enumerate() {
+        for u in &sample.units {
             let positions: Vec<usize> = (u.start.max(1)..u.end)
                 .map(|k| k - 1)
                 .filter(|&j| j < seq)
@@ -283,7 +400,7 @@ mod tests {
 
     #[test]
     fn units_weigh_the_same_whatever_their_length() {
-        let samples = vec![
+        let samples = [
             Sample {
                 tokens: vec![1, 2, 3, 4, 5],
                 units: vec![
@@ -308,7 +425,7 @@ mod tests {
                 }],
             },
         ];
-        let (adv, w, n) = unit_targets(&[0, 1], &samples, 2, 4);
+        let (adv, w, n) = unit_targets(&[&samples[0], &samples[1]], 3, 2, 4);
         assert_eq!(n, 4);
         // Row 0: unit (1..3) → positions 0,1 with 1/2/3 each; unit (4..5) → position 3 with 1/3.
         let third = 1.0f32 / 3.0;

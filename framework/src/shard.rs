@@ -1,0 +1,192 @@
+//! Data-parallel shards: one optimiser step's batch split into row groups, each run forward
+//! and backward on its own thread with its own copy of the parameter leaves, the gradients
+//! summed in shard order (framework/METHOD.md, "Shards"; rollouts are sharded in
+//! [`crate::rollout::rollout_sharded`]).
+//!
+//! A loss that is a sum over rows (every loss here is: the warm starts' token sum over a
+//! count of the whole batch, PPO's weighted sum) has the gradient of the whole batch as the
+//! sum of its shards' gradients. The sum runs in shard order, whatever order the threads
+//! finish in, so a run is as deterministic with shards as without; but its float sums are
+//! grouped differently than one batch's, which is why the number of shards is part of the
+//! experiment. Burn's autodiff keeps one graph per connected set of nodes, so each shard gets
+//! fresh leaves for the same parameters ([`fork`]): the shards' graphs stay apart and their
+//! backward passes run at the same time.
+
+use std::ops::Range;
+
+use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+
+/// `rows` split into at most `shards` contiguous, non-empty ranges whose sizes differ by at
+/// most one (the first ones are the longer).
+pub fn ranges(rows: usize, shards: usize) -> Vec<Range<usize>> {
+    let n = shards.clamp(1, rows.max(1));
+    let (base, extra) = (rows / n, rows % n);
+    let mut out = Vec::with_capacity(n);
+    let mut start = 0;
+    for i in 0..n {
+        let len = base + usize::from(i < extra);
+        out.push(start..start + len);
+        start += len;
+    }
+    out
+}
+
+struct Fork;
+
+impl<B: AutodiffBackend> ModuleMapper<B> for Fork {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        param.map(|t| {
+            if t.is_require_grad() {
+                t.detach().require_grad()
+            } else {
+                t
+            }
+        })
+    }
+}
+
+/// A copy of `model` whose trainable parameters are new graph leaves with the same values
+/// and the same [`ParamId`](burn::module::ParamId)s (so its gradients are the model's).
+pub fn fork<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M) -> M {
+    model.clone().map(&mut Fork)
+}
+
+struct Sum<'a> {
+    parts: &'a mut [GradientsParams],
+    total: GradientsParams,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Sum<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let mut sum: Option<Tensor<B::InnerBackend, D>> = None;
+        for part in self.parts.iter_mut() {
+            if let Some(g) = part.remove::<B::InnerBackend, D>(param.id) {
+                sum = Some(match sum {
+                    Some(s) => s + g,
+                    None => g,
+                });
+            }
+        }
+        if let Some(s) = sum {
+            self.total.register(param.id, s);
+        }
+    }
+}
+
+/// Runs `loss(model copy, input)` for every input on its own thread, backward included, and
+/// returns the summed gradients (keyed by `model`'s parameters) with each shard's extra
+/// result, in input order. A panic in a shard is re-raised here.
+pub fn grads<B, M, T, R, F>(model: &M, inputs: Vec<T>, loss: F) -> (GradientsParams, Vec<R>)
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    T: Send,
+    R: Send,
+    F: Fn(&M, T) -> (Tensor<B, 1>, R) + Sync,
+{
+    let loss = &loss;
+    let results: Vec<(GradientsParams, R)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = inputs
+            .into_iter()
+            .map(|input| {
+                let copy = fork(model);
+                scope.spawn(move || {
+                    let (value, extra) = loss(&copy, input);
+                    let grads = GradientsParams::from_grads(value.backward(), &copy);
+                    (grads, extra)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    let (mut parts, extras): (Vec<_>, Vec<_>) = results.into_iter().unzip();
+    let mut sum = Sum {
+        parts: &mut parts,
+        total: GradientsParams::new(),
+    };
+    model.visit::<Sum<'_>>(&mut sum);
+    (sum.total, extras)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::{Autodiff, NdArray};
+    use burn::nn::{Linear, LinearConfig};
+
+    type B = Autodiff<NdArray<f32>>;
+
+    #[test]
+    fn ranges_are_even_contiguous_and_cover_the_rows() {
+        assert_eq!(ranges(5, 2), vec![0..3, 3..5]);
+        assert_eq!(ranges(6, 3), vec![0..2, 2..4, 4..6]);
+        assert_eq!(ranges(2, 4), vec![0..1, 1..2]);
+        assert_eq!(ranges(7, 1), vec![0..7]);
+        assert_eq!(ranges(0, 3), vec![0..0]);
+    }
+
+    /// The shards' summed gradient of a row-sum loss is the whole batch's gradient.
+    #[test]
+    fn sharded_gradients_sum_to_the_whole_batch_gradient() {
+        let device = Default::default();
+        let mut rng = crate::Rng::derive(7, "shard-test");
+        let layer: Linear<B> = LinearConfig::new(3, 2).init(&device);
+        let layer = layer.map(&mut Fill(&mut rng));
+        let x: Vec<f32> = (0..5 * 3).map(|_| rng.uniform() as f32 - 0.5).collect();
+        let x = Tensor::<B, 2>::from_data(TensorData::new(x, [5, 3]), &device);
+        let row_loss = |m: &Linear<B>, x: Tensor<B, 2>| m.forward(x).powi_scalar(2).sum();
+
+        let whole = GradientsParams::from_grads(row_loss(&layer, x.clone()).backward(), &layer);
+        let inputs: Vec<Tensor<B, 2>> = ranges(5, 2)
+            .into_iter()
+            .map(|r| x.clone().slice([r, 0..3]))
+            .collect();
+        let (sharded, values) = grads(&layer, inputs, |m, x| {
+            let l = row_loss(m, x);
+            let v = l.clone().into_scalar();
+            (l, v)
+        });
+        assert_eq!(values.len(), 2);
+        let w = |g: &GradientsParams| {
+            g.get::<NdArray<f32>, 2>(layer.weight.id)
+                .expect("weight grad")
+                .into_data()
+                .to_vec::<f32>()
+                .expect("f32")
+        };
+        let b = |g: &GradientsParams| {
+            g.get::<NdArray<f32>, 1>(layer.bias.as_ref().expect("bias").id)
+                .expect("bias grad")
+                .into_data()
+                .to_vec::<f32>()
+                .expect("f32")
+        };
+        for (a, s) in w(&whole)
+            .iter()
+            .zip(w(&sharded))
+            .chain(b(&whole).iter().zip(b(&sharded)))
+        {
+            assert!((a - s).abs() < 1e-5, "{a} vs {s}");
+        }
+    }
+
+    struct Fill<'a>(&'a mut crate::Rng);
+
+    impl ModuleMapper<B> for Fill<'_> {
+        fn map_float<const D: usize>(&mut self, p: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            p.map(|t| {
+                let shape = t.shape();
+                let v: Vec<f32> = (0..shape.num_elements())
+                    .map(|_| self.0.uniform() as f32 - 0.5)
+                    .collect();
+                Tensor::<B, D>::from_data(TensorData::new(v, shape), &t.device()).require_grad()
+            })
+        }
+    }
+}
