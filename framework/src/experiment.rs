@@ -107,11 +107,12 @@ pub struct Experiment<E, A> {
     /// Backend, overridable with `--backend`.
     #[serde(default)]
     pub backend: BackendKind,
-    /// Data-parallel shards of every training batch (warm starts and PPO updates), each run
-    /// forward and backward on its own thread and the gradients summed in shard order. On a
-    /// CPU backend with `n` cores, up to `n` makes the updates up to `n`× faster. The float
-    /// sums are grouped by shard, so the number is part of the experiment: the same shards
-    /// and seed give the same metrics on any machine. 1: one batch on one thread.
+    /// Threads per run (framework/METHOD.md, "Shards"): every training batch (warm starts,
+    /// PPO updates) is split into this many row groups run forward and backward on their own
+    /// threads, gradients summed in group order; rollouts, evaluations and judge votes run in
+    /// as many groups. Meant for CPU backends (a GPU gains nothing from it). Float sums and
+    /// sampling streams depend on it, so it is part of the experiment: the same shards and
+    /// seed give the same metrics on any machine. 1: one thread, the loop without shards.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub shards: usize,
     /// The environment plugin and its settings.

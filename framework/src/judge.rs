@@ -102,6 +102,7 @@ pub fn judge_steps<B: Backend, M: CausalLm<B>>(
     votes: usize,
     temperature: f64,
     rng: &mut Rng,
+    shards: usize,
 ) -> Vec<JudgedStep> {
     let mut judged: Vec<JudgedStep> = Vec::new();
     for (ti, t) in trajs.iter().enumerate() {
@@ -115,11 +116,14 @@ pub fn judge_steps<B: Backend, M: CausalLm<B>>(
             });
         }
     }
-    cast_votes(judge, tok, &mut judged, votes, temperature, rng);
+    cast_votes(judge, tok, &mut judged, votes, temperature, rng, shards);
     judged
 }
 
-/// Fills each judged step's `votes` tokens and verdicts.
+/// Fills each judged step's `votes` tokens and verdicts. With `shards > 1` each pass's
+/// prompts are split into that many groups whose logits are computed on their own threads;
+/// a row's logits do not depend on the rows beside it, and the votes are drawn afterwards
+/// in prompt order, so the verdicts are those of one thread.
 fn cast_votes<B: Backend, M: CausalLm<B>>(
     judge: &M,
     tok: &dyn Tokenizer,
@@ -127,6 +131,7 @@ fn cast_votes<B: Backend, M: CausalLm<B>>(
     votes: usize,
     temperature: f64,
     rng: &mut Rng,
+    shards: usize,
 ) {
     if judged.is_empty() || votes == 0 {
         return;
@@ -149,7 +154,23 @@ fn cast_votes<B: Backend, M: CausalLm<B>>(
     let rows = (VOTE_TOKENS / longest).clamp(1, VOTE_BATCH);
     for chunk in judged.chunks_mut(rows) {
         let prompts: Vec<&[u32]> = chunk.iter().map(|j| j.prompt.as_slice()).collect();
-        let rows = last_logits(judge, &prompts, tok.pad(), &device);
+        let rows = if shards <= 1 {
+            last_logits(judge, &prompts, tok.pad(), &device)
+        } else {
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = crate::shard::ranges(prompts.len(), shards)
+                    .into_iter()
+                    .map(|r| {
+                        let (model, group, device) = (judge.clone(), &prompts[r], &device);
+                        scope.spawn(move || last_logits(&model, group, tok.pad(), device))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                    .collect::<Vec<_>>()
+            })
+        };
         for (j, row) in chunk.iter_mut().zip(rows) {
             for _ in 0..votes {
                 let (token, _) = sampler.sample(&row, temperature, 1.0, rng);
@@ -315,6 +336,7 @@ pub fn judge_prompts<B: Backend, M: CausalLm<B>>(
     votes: usize,
     temperature: f64,
     rng: &mut Rng,
+    shards: usize,
 ) -> Vec<JudgedStep> {
     let mut judged: Vec<JudgedStep> = prompts
         .iter()
@@ -327,7 +349,7 @@ pub fn judge_prompts<B: Backend, M: CausalLm<B>>(
             verdicts: Vec::with_capacity(votes),
         })
         .collect();
-    cast_votes(judge, tok, &mut judged, votes, temperature, rng);
+    cast_votes(judge, tok, &mut judged, votes, temperature, rng, shards);
     judged
 }
 

@@ -651,6 +651,7 @@ where
                 self.cfg.reward.votes,
                 spec.temperature,
                 &mut self.state.judge_rng,
+                self.cfg.shards,
             );
             for js in &mut judged {
                 js.traj = index[js.traj];
@@ -930,6 +931,7 @@ where
                 votes,
                 spec.temperature,
                 &mut rng,
+                self.cfg.shards,
             );
             let q = judge::quality(
                 pool.iter()
@@ -937,8 +939,15 @@ where
             );
             q.set(m, "judge/eval");
             // Verdicts on the two in-domain samples written below.
-            judged_id =
-                judge::judge_steps(&judge, self.tok, shown, votes, spec.temperature, &mut rng);
+            judged_id = judge::judge_steps(
+                &judge,
+                self.tok,
+                shown,
+                votes,
+                spec.temperature,
+                &mut rng,
+                self.cfg.shards,
+            );
         }
         pb.finish_and_clear();
         let verdicts = judge::by_trajectory(&judged_id, shown);

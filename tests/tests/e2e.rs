@@ -993,13 +993,34 @@ fn shards_compute_what_one_batch_does() {
             &mut Rng::derive(5, "rollout"),
             shards,
         )
+    };
+    let key = |ts: &[rlany_framework::Trajectory]| {
+        ts.iter()
+            .map(|t| (t.task, t.tokens.clone(), t.outcome))
+            .collect::<Vec<_>>()
+    };
+    let trajs = play(1);
+    let (one, two) = (key(&trajs), key(&play(2)));
+    assert_eq!(one, two, "greedy trajectories, one thread vs two");
+
+    // Judge votes: logits in two threads, draws in prompt order — the same verdicts.
+    let votes = |shards| {
+        rlany_framework::judge::judge_steps(
+            &inner,
+            &tok,
+            &trajs,
+            3,
+            1.0,
+            &mut Rng::derive(5, "judge"),
+            shards,
+        )
         .into_iter()
-        .map(|t| (t.task, t.tokens, t.outcome))
+        .map(|j| j.tokens)
         .collect::<Vec<_>>()
     };
-    let (one, two) = (play(1), play(2));
-    assert_eq!(one.len(), 9);
-    assert_eq!(one, two, "greedy trajectories, one thread vs two");
+    let v1 = votes(1);
+    assert!(v1.len() >= 9, "every episode took a step");
+    assert_eq!(v1, votes(2), "judge votes, one thread vs two");
 }
 
 /// Every line of a run's JSON-lines file, wall-clock keys removed.
