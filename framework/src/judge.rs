@@ -157,19 +157,16 @@ fn cast_votes<B: Backend, M: CausalLm<B>>(
         let rows = if shards <= 1 {
             last_logits(judge, &prompts, tok.pad(), &device)
         } else {
-            std::thread::scope(|scope| {
-                let handles: Vec<_> = crate::shard::ranges(prompts.len(), shards)
-                    .into_iter()
-                    .map(|r| {
-                        let (model, group, device) = (judge.clone(), &prompts[r], &device);
-                        scope.spawn(move || last_logits(&model, group, tok.pad(), device))
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                    .collect::<Vec<_>>()
+            let groups: Vec<_> = crate::shard::ranges(prompts.len(), shards)
+                .into_iter()
+                .map(|r| (judge.clone(), &prompts[r]))
+                .collect();
+            crate::shard::map(groups, |(model, group)| {
+                last_logits(&model, group, tok.pad(), &device)
             })
+            .into_iter()
+            .flatten()
+            .collect()
         };
         for (j, row) in chunk.iter_mut().zip(rows) {
             for _ in 0..votes {

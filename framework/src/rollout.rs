@@ -161,29 +161,29 @@ pub fn rollout_sharded<B: Backend, M: CausalLm<B>>(
     if shards <= 1 || episodes.len() < 2 {
         return rollout(model, tok, episodes, params, max_env_steps, rng);
     }
-    // (episodes, seed of its sampling stream) per group.
-    type Group = (Vec<(usize, Box<dyn Episode>)>, u64);
+    // (model copy, episodes, seed of its sampling stream) per group.
+    type Group<M> = (M, Vec<(usize, Box<dyn Episode>)>, u64);
     let mut rest = episodes.into_iter();
-    let groups: Vec<Group> = crate::shard::ranges(rest.len(), shards)
+    let groups: Vec<Group<M>> = crate::shard::ranges(rest.len(), shards)
         .into_iter()
-        .map(|r| (rest.by_ref().take(r.len()).collect(), rng.next_u64()))
+        .map(|r| {
+            let episodes = rest.by_ref().take(r.len()).collect();
+            (model.clone(), episodes, rng.next_u64())
+        })
         .collect();
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = groups
-            .into_iter()
-            .map(|(group, seed)| {
-                let model = model.clone();
-                scope.spawn(move || {
-                    let mut stream = Rng::new(seed);
-                    rollout(&model, tok, group, params, max_env_steps, &mut stream)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
+    crate::shard::map(groups, |(model, episodes, seed)| {
+        rollout(
+            &model,
+            tok,
+            episodes,
+            params,
+            max_env_steps,
+            &mut Rng::new(seed),
+        )
     })
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 /// The flawed expert's solution of the task `env.sample(d, Split::Train, seed)` (slip

@@ -76,6 +76,22 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Sum<'_> {
     }
 }
 
+/// `f(input)` for every input, each on its own thread; the results in input order. A panic
+/// in one is re-raised here.
+pub fn map<T: Send, R: Send>(inputs: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
+    let f = &f;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = inputs
+            .into_iter()
+            .map(|input| scope.spawn(move || f(input)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
+}
+
 /// Runs `loss(model copy, input)` for every input on its own thread, backward included, and
 /// returns the summed gradients (keyed by `model`'s parameters) with each shard's extra
 /// result, in input order. A panic in a shard is re-raised here.
@@ -87,23 +103,10 @@ where
     R: Send,
     F: Fn(&M, T) -> (Tensor<B, 1>, R) + Sync,
 {
-    let loss = &loss;
-    let results: Vec<(GradientsParams, R)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = inputs
-            .into_iter()
-            .map(|input| {
-                let copy = fork(model);
-                scope.spawn(move || {
-                    let (value, extra) = loss(&copy, input);
-                    let grads = GradientsParams::from_grads(value.backward(), &copy);
-                    (grads, extra)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
+    let shards: Vec<(M, T)> = inputs.into_iter().map(|t| (fork(model), t)).collect();
+    let results = map(shards, |(copy, input)| {
+        let (value, extra) = loss(&copy, input);
+        (GradientsParams::from_grads(value.backward(), &copy), extra)
     });
     let (mut parts, extras): (Vec<_>, Vec<_>) = results.into_iter().unzip();
     let mut sum = Sum {
