@@ -154,20 +154,16 @@ fn cast_votes<B: Backend, M: CausalLm<B>>(
     let rows = (VOTE_TOKENS / longest).clamp(1, VOTE_BATCH);
     for chunk in judged.chunks_mut(rows) {
         let prompts: Vec<&[u32]> = chunk.iter().map(|j| j.prompt.as_slice()).collect();
-        let rows = if shards <= 1 {
-            last_logits(judge, &prompts, tok.pad(), &device)
-        } else {
-            let groups: Vec<_> = crate::shard::ranges(prompts.len(), shards)
-                .into_iter()
-                .map(|r| (judge.clone(), &prompts[r]))
-                .collect();
-            crate::shard::map(groups, |(model, group)| {
-                last_logits(&model, group, tok.pad(), &device)
-            })
+        let groups: Vec<_> = crate::shard::ranges(prompts.len(), shards)
             .into_iter()
-            .flatten()
-            .collect()
-        };
+            .map(|r| (judge.clone(), &prompts[r]))
+            .collect();
+        let rows: Vec<Vec<f32>> = crate::shard::map(groups, |(model, group)| {
+            last_logits(&model, group, tok.pad(), &device)
+        })
+        .into_iter()
+        .flatten()
+        .collect();
         for (j, row) in chunk.iter_mut().zip(rows) {
             for _ in 0..votes {
                 let (token, _) = sampler.sample(&row, temperature, 1.0, rng);

@@ -76,9 +76,12 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Sum<'_> {
     }
 }
 
-/// `f(input)` for every input, each on its own thread; the results in input order. A panic
-/// in one is re-raised here.
+/// `f(input)` for every input, each on its own thread (a single input on this one); the
+/// results in input order. A panic in one is re-raised here.
 pub fn map<T: Send, R: Send>(inputs: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
+    if inputs.len() <= 1 {
+        return inputs.into_iter().map(f).collect();
+    }
     let f = &f;
     std::thread::scope(|scope| {
         let handles: Vec<_> = inputs
@@ -94,7 +97,8 @@ pub fn map<T: Send, R: Send>(inputs: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R
 
 /// Runs `loss(model copy, input)` for every input on its own thread, backward included, and
 /// returns the summed gradients (keyed by `model`'s parameters) with each shard's extra
-/// result, in input order. A panic in a shard is re-raised here.
+/// result, in input order. A panic in a shard is re-raised here. A single input runs on
+/// `model` itself, on this thread: exactly one batch's backward, as without shards.
 pub fn grads<B, M, T, R, F>(model: &M, inputs: Vec<T>, loss: F) -> (GradientsParams, Vec<R>)
 where
     B: AutodiffBackend,
@@ -103,11 +107,19 @@ where
     R: Send,
     F: Fn(&M, T) -> (Tensor<B, 1>, R) + Sync,
 {
-    let shards: Vec<(M, T)> = inputs.into_iter().map(|t| (fork(model), t)).collect();
-    let results = map(shards, |(copy, input)| {
-        let (value, extra) = loss(&copy, input);
-        (GradientsParams::from_grads(value.backward(), &copy), extra)
-    });
+    let results: Vec<(GradientsParams, R)> = if inputs.len() <= 1 {
+        let results = inputs.into_iter().map(|input| {
+            let (value, extra) = loss(model, input);
+            (GradientsParams::from_grads(value.backward(), model), extra)
+        });
+        results.collect()
+    } else {
+        let shards: Vec<(M, T)> = inputs.into_iter().map(|t| (fork(model), t)).collect();
+        map(shards, |(copy, input)| {
+            let (value, extra) = loss(&copy, input);
+            (GradientsParams::from_grads(value.backward(), &copy), extra)
+        })
+    };
     let (mut parts, extras): (Vec<_>, Vec<_>) = results.into_iter().unzip();
     let mut sum = Sum {
         parts: &mut parts,

@@ -230,7 +230,7 @@ fn json<T: Serialize>(v: &T) -> serde_json::Value {
 impl Settings {
     fn of<E: EnvironmentChoice, A: AdaptationChoice>(exp: &Experiment<E, A>) -> Self {
         let proposer = exp.adaptation.plugin();
-        let warm_policy_inputs = serde_json::json!({
+        let mut warm_policy_inputs = serde_json::json!({
             "environment": json(&exp.environment),
             "model": json(&exp.policy.model),
             "warm_start": json(&exp.policy.warm_start),
@@ -239,7 +239,6 @@ impl Settings {
             "backend": json(&exp.backend),
         });
         // Shards change the warm start's float sums; one shard keeps the keys made before them.
-        let mut warm_policy_inputs = warm_policy_inputs;
         if exp.shards != 1 {
             warm_policy_inputs["shards"] = exp.shards.into();
         }

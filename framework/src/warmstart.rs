@@ -143,27 +143,19 @@ where
             .sum::<usize>()
             .max(1) as f32;
         let lr_now = lr * (1.0 - 0.9 * step as f64 / steps.max(1) as f64);
-        if shards <= 1 {
-            let (loss, value) = sft_loss(&model, &examples, n, pad, kernels, device);
-            last = value;
-            if !last.is_finite() {
-                return Err(NonFinite("supervised loss"));
-            }
-            (model, _) = optim::step(model, &mut optim, loss, lr_now, max_grad_norm);
-        } else {
-            let inputs: Vec<_> = crate::shard::ranges(examples.len(), shards)
-                .into_iter()
-                .map(|r| &examples[r])
-                .collect();
-            let (grads, values) = crate::shard::grads(&model, inputs, |m: &M, rows| {
-                sft_loss(m, rows, n, pad, kernels, device)
-            });
-            last = values.iter().sum();
-            if !last.is_finite() {
-                return Err(NonFinite("supervised loss"));
-            }
-            (model, _) = optim::apply(model, &mut optim, grads, lr_now, max_grad_norm);
+        // One group per shard; one shard runs on `model` itself, on this thread.
+        let inputs: Vec<_> = crate::shard::ranges(examples.len(), shards)
+            .into_iter()
+            .map(|r| &examples[r])
+            .collect();
+        let (grads, values) = crate::shard::grads(&model, inputs, |m: &M, rows| {
+            sft_loss(m, rows, n, pad, kernels, device)
+        });
+        last = values.iter().sum();
+        if !last.is_finite() {
+            return Err(NonFinite("supervised loss"));
         }
+        (model, _) = optim::apply(model, &mut optim, grads, lr_now, max_grad_norm);
         pb.set_message(format!("loss {last:.3}"));
         pb.inc(1);
     }

@@ -15,7 +15,7 @@ use crate::ppo::loss::{KlTerm, ppo_loss};
 use crate::progress;
 use crate::rng::Rng;
 use burn::module::AutodiffModule;
-use burn::optim::{GradientsParams, Optimizer};
+use burn::optim::Optimizer;
 use burn::prelude::*;
 use rlany_kernels::AutodiffLogProbOps;
 
@@ -126,56 +126,34 @@ where
         // Every unit of the minibatch weighs the same, whichever shard holds it.
         let n_units = rows.iter().map(|s| s.units.len()).sum::<usize>();
         let first = k == 0;
-        let (grads, parts) = if params.shards <= 1 {
-            let (loss, part) = minibatch_loss(
-                &model,
-                old,
-                target,
-                same_target,
-                &rows,
+        // One group per shard; one shard runs on `model` itself, on this thread.
+        let inputs: Vec<_> = crate::shard::ranges(rows.len(), params.shards)
+            .into_iter()
+            .map(|r| {
+                (
+                    &rows[r],
+                    old.clone(),
+                    (!same_target).then(|| target.clone()),
+                )
+            })
+            .collect();
+        let (grads, parts) = crate::shard::grads(&model, inputs, |m: &M, (rows, old, target)| {
+            let target_ref = target.as_ref().unwrap_or(&old);
+            minibatch_loss(
+                m,
+                &old,
+                target_ref,
+                target.is_none(),
+                rows,
                 n_units,
                 params,
                 first,
                 device,
-            );
-            if !part.loss.is_finite() {
-                return Err(NonFinite("loss"));
-            }
-            (
-                GradientsParams::from_grads(loss.backward(), &model),
-                vec![part],
             )
-        } else {
-            let inputs: Vec<_> = crate::shard::ranges(rows.len(), params.shards)
-                .into_iter()
-                .map(|r| {
-                    (
-                        &rows[r],
-                        old.clone(),
-                        (!same_target).then(|| target.clone()),
-                    )
-                })
-                .collect();
-            let (grads, parts) =
-                crate::shard::grads(&model, inputs, |m: &M, (rows, old, target)| {
-                    let target_ref = target.as_ref().unwrap_or(&old);
-                    minibatch_loss(
-                        m,
-                        &old,
-                        target_ref,
-                        target.is_none(),
-                        rows,
-                        n_units,
-                        params,
-                        first,
-                        device,
-                    )
-                });
-            if !parts.iter().all(|p| p.loss.is_finite()) {
-                return Err(NonFinite("loss"));
-            }
-            (grads, parts)
-        };
+        });
+        if !parts.iter().all(|p| p.loss.is_finite()) {
+            return Err(NonFinite("loss"));
+        }
         let norm;
         (model, norm) =
             crate::ppo::clip::apply(model, optim, grads, params.lr, params.max_grad_norm);
