@@ -371,13 +371,18 @@ pub enum JudgeSpec {
     Frozen(JudgeModelSpec),
     /// A judge trained by the consistency reward (framework/METHOD.md, step 5).
     Learned(JudgeModelSpec),
+    /// A calibrated synthetic judge — an instrument, not part of the method
+    /// (framework/METHOD.md, "The synthetic judge"): each vote is the environment's oracle
+    /// label, flipped at random so that the judge's measured accuracy is `p_pos` on right
+    /// steps and `p_neg` on wrong ones. No model, never trained.
+    Oracle(OracleJudgeSpec),
 }
 
 impl JudgeSpec {
     /// The judge's settings, if there is a judge.
     pub fn model(&self) -> Option<&JudgeModelSpec> {
         match self {
-            JudgeSpec::None => None,
+            JudgeSpec::None | JudgeSpec::Oracle(_) => None,
             JudgeSpec::Frozen(m) | JudgeSpec::Learned(m) => Some(m),
         }
     }
@@ -385,7 +390,7 @@ impl JudgeSpec {
     /// The judge's model settings, mutable (`None` without a judge).
     pub fn model_mut(&mut self) -> Option<&mut JudgeModelSpec> {
         match self {
-            JudgeSpec::None => None,
+            JudgeSpec::None | JudgeSpec::Oracle(_) => None,
             JudgeSpec::Frozen(m) | JudgeSpec::Learned(m) => Some(m),
         }
     }
@@ -393,6 +398,41 @@ impl JudgeSpec {
     /// Whether the judge is trained.
     pub fn trained(&self) -> bool {
         matches!(self, JudgeSpec::Learned(_))
+    }
+
+    /// The synthetic judge's settings, if the judge is the synthetic one.
+    pub fn oracle(&self) -> Option<&OracleJudgeSpec> {
+        match self {
+            JudgeSpec::Oracle(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    /// Whether steps get verdicts (any judge but `None`).
+    pub fn has_verdicts(&self) -> bool {
+        !matches!(self, JudgeSpec::None)
+    }
+}
+
+/// The synthetic judge's accuracies, as the judge's evaluation measures them: the share of
+/// right steps whose majority verdict is `+` (`p_pos`, p⁺) and of wrong steps whose majority
+/// verdict is `−` (`p_neg`, p⁻). Each of the `m` votes is drawn on its own, right with the
+/// per-vote probability that makes the majority of `m` right with exactly that probability.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OracleJudgeSpec {
+    /// p⁺: accuracy of the majority verdict on steps the oracle labels right, in [0, 1].
+    pub p_pos: f64,
+    /// p⁻: accuracy of the majority verdict on steps the oracle labels wrong, in [0, 1].
+    pub p_neg: f64,
+}
+
+impl Default for OracleJudgeSpec {
+    fn default() -> Self {
+        Self {
+            p_pos: 0.85,
+            p_neg: 0.85,
+        }
     }
 }
 
@@ -767,6 +807,10 @@ impl<E: EnvironmentChoice, A: AdaptationChoice> Experiment<E, A> {
             positive("judge.warm_start.lr", w.lr, 1.0)?;
             real("judge.temperature", j.temperature, 0.0, 100.0)?;
             positive("judge.lr", j.lr, 1.0)?;
+        }
+        if let Some(o) = self.judge.oracle() {
+            real("judge.p_pos", o.p_pos, 0.0, 1.0)?;
+            real("judge.p_neg", o.p_neg, 0.0, 1.0)?;
         }
 
         let r = &self.reward;

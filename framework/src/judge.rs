@@ -397,6 +397,29 @@ pub fn quality<'a>(steps: impl IntoIterator<Item = (bool, &'a [Verdict])>) -> Ju
     }
 }
 
+/// Scores single votes against oracle labels (every vote counts on its own, no majority):
+/// the per-vote p⁺ and p⁻. With `m` votes per step drawn from one distribution this is the
+/// judge's accuracy before the majority sharpens (or blurs) it.
+pub fn vote_quality<'a>(steps: impl IntoIterator<Item = (bool, &'a [Verdict])>) -> JudgeQuality {
+    let (mut hit_pos, mut n_pos, mut hit_neg, mut n_neg) = (0usize, 0usize, 0usize, 0usize);
+    for (oracle, verdicts) in steps {
+        for &v in verdicts {
+            if oracle {
+                n_pos += 1;
+                hit_pos += usize::from(v == 1);
+            } else {
+                n_neg += 1;
+                hit_neg += usize::from(v == -1);
+            }
+        }
+    }
+    let frac = |a: usize, b: usize| (b > 0).then(|| a as f64 / b as f64);
+    JudgeQuality {
+        pos_acc: frac(hit_pos, n_pos),
+        neg_acc: frac(hit_neg, n_neg),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::sampling::Sampler;
@@ -452,6 +475,11 @@ mod tests {
             (q.pos_acc, q.neg_acc, q.balanced()),
             (Some(1.0), None, None)
         );
+        // Single votes of the five steps above: right steps 5 of 9 are `+`; wrong steps 4 of 6
+        // are `−` (the format failure counts as wrong).
+        let v = vote_quality(steps.iter().map(|(o, v)| (*o, v.as_slice())));
+        assert!((v.pos_acc.unwrap_or(0.0) - 5.0 / 9.0).abs() < 1e-12);
+        assert!((v.neg_acc.unwrap_or(0.0) - 4.0 / 6.0).abs() < 1e-12);
         let mut m = crate::rundir::Metrics::new(1);
         q.set(&mut m, "judge/eval");
         assert_eq!(m.get("judge/eval_pos_acc"), Some(1.0));

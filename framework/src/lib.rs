@@ -25,6 +25,7 @@ pub mod rundir;
 pub mod sampling;
 pub mod shard;
 pub mod step;
+pub mod synthetic_judge;
 pub mod trainer;
 pub mod warmcache;
 pub mod warmstart;

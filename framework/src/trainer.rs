@@ -27,6 +27,7 @@ use crate::experiment::{
     Budget, Experiment, JudgeSpec, KlTarget, PpoSpec, RewardSpec, Sampling, WarmStart,
 };
 use crate::judge;
+use crate::synthetic_judge::SyntheticJudge;
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
 use crate::plugin::{AdaptationChoice, EnvironmentChoice};
 use crate::ppo::{NonFinite, UpdateParams, ppo_update};
@@ -342,6 +343,8 @@ struct Run<'a, B: AutodiffLogProbOps, M: AutodiffModule<B>> {
     reference: Option<M::InnerModule>,
     /// The judge's frozen KL target (`KlTarget::Reference` with a learned judge).
     judge_reference: Option<M::InnerModule>,
+    /// The calibrated synthetic judge (`judge: Oracle`), which votes instead of a model.
+    synthetic: Option<SyntheticJudge>,
     /// The fixed, balanced pool of labelled steps the judge is measured on.
     judge_pool: Vec<(Vec<u32>, bool)>,
     /// The pre-update policy of the current step (rollouts and PPO's old log-probs).
@@ -387,6 +390,10 @@ where
         let slots = vec![AdaptSlot::new(cfg.start.clone()); cfg.budget.tasks_per_step];
         let dims = env.difficulty_space().into_iter().map(|d| d.name).collect();
         let state = TrainerState::fresh(seed, slots, proposer.as_ref());
+        let synthetic = cfg
+            .judge
+            .oracle()
+            .map(|o| SyntheticJudge::new(o.p_pos, o.p_neg, cfg.reward.votes));
         Self {
             cfg,
             seed,
@@ -402,6 +409,7 @@ where
             judge_optim: adamw.init::<B, M>(),
             reference: None,
             judge_reference: None,
+            synthetic,
             judge_pool: Vec::new(),
             old_policy: None,
             state,
@@ -636,22 +644,28 @@ where
         batch.timings.proposer_s += t.elapsed().as_secs_f64();
     }
 
-    /// Phase 4: m verdicts per step of every used trajectory.
+    /// Phase 4: m verdicts per step of every used trajectory (from the judge model, or from
+    /// the synthetic judge).
     fn judging(&mut self, batch: &mut StepBatch) {
         let t = Instant::now();
-        if let (Some(j), Some(spec)) = (&self.judge, self.cfg.judge.model()) {
+        if self.cfg.judge.has_verdicts() {
             let pb = progress::bar(1, "judge", self.opts.progress);
             let index = step::used_trajectories(batch);
             let kept: Vec<_> = index.iter().map(|&i| batch.trajs[i].clone()).collect();
-            let mut judged = judge::judge_steps(
-                &j.valid(),
-                self.tok,
-                &kept,
-                self.cfg.reward.votes,
-                spec.temperature,
-                &mut self.state.judge_rng,
-                self.cfg.shards,
-            );
+            let rng = &mut self.state.judge_rng;
+            let mut judged = match (&self.judge, self.cfg.judge.model(), &self.synthetic) {
+                (Some(j), Some(spec), _) => judge::judge_steps(
+                    &j.valid(),
+                    self.tok,
+                    &kept,
+                    self.cfg.reward.votes,
+                    spec.temperature,
+                    rng,
+                    self.cfg.shards,
+                ),
+                (_, _, Some(s)) => s.judge_steps(&kept, rng),
+                _ => Vec::new(),
+            };
             for js in &mut judged {
                 js.traj = index[js.traj];
             }
@@ -866,13 +880,19 @@ where
         w.commit(2)
     }
 
-    /// The judge's fixed evaluation pool (empty without a judge).
+    /// The judge's fixed evaluation pool (empty without a judge). The synthetic judge reads
+    /// only its labels; its prompts are fitted to the policy's context.
     fn make_judge_pool(&self) -> Vec<(Vec<u32>, bool)> {
-        match &self.judge {
-            Some(j) => judge::labelled_pool(
+        let max_len = match (&self.judge, &self.synthetic) {
+            (Some(j), _) => Some(j.max_seq_len()),
+            (None, Some(_)) => Some(self.policy.max_seq_len()),
+            (None, None) => None,
+        };
+        match max_len {
+            Some(max_len) => judge::labelled_pool(
                 self.env,
                 self.tok,
-                j.max_seq_len(),
+                max_len,
                 JUDGE_POOL.min(self.cfg.budget.eval_tasks),
                 JUDGE_POOL_NOISE,
                 self.seed,
@@ -932,11 +952,7 @@ where
                 &mut rng,
                 self.cfg.shards,
             );
-            let q = judge::quality(
-                pool.iter()
-                    .map(|js| (self.judge_pool[js.traj].1, js.verdicts.as_slice())),
-            );
-            q.set(m, "judge/eval");
+            self.judge_quality(m, &pool);
             // Verdicts on the two in-domain samples written below.
             judged_id = judge::judge_steps(
                 &judge,
@@ -947,6 +963,11 @@ where
                 &mut rng,
                 self.cfg.shards,
             );
+        } else if let Some(s) = &self.synthetic {
+            let mut rng = Rng::derive(seed ^ step as u64, "judge-eval");
+            let pool = s.judge_labels(self.judge_pool.iter().map(|(_, label)| label), &mut rng);
+            self.judge_quality(m, &pool);
+            judged_id = s.judge_steps(shown, &mut rng);
         }
         pb.finish_and_clear();
         let verdicts = judge::by_trajectory(&judged_id, shown);
@@ -972,6 +993,18 @@ where
         }
         self.log_posterior(step)?;
         Ok((id.accuracy, ood.accuracy))
+    }
+
+    /// The judge's quality on its pool (`judged[i]` judges pool entry `i`): majority verdicts
+    /// (`judge/eval_*`) and single votes (`judge/eval_vote_*`).
+    fn judge_quality(&self, m: &mut Metrics, judged: &[judge::JudgedStep]) {
+        let labelled = || {
+            judged
+                .iter()
+                .map(|js| (self.judge_pool[js.traj].1, js.verdicts.as_slice()))
+        };
+        judge::quality(labelled()).set(m, "judge/eval");
+        judge::vote_quality(labelled()).set(m, "judge/eval_vote");
     }
 
     /// Appends the proposer's posterior (if it has a model) to `posterior.jsonl`.
