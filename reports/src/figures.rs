@@ -52,17 +52,26 @@ const STEP: &str = "training step";
 const BAND_NOTE: &str = "Lines: mean over seeds; bands: 95% CI of the mean (Student t), clipped to the metric's range (fractions to [0, 1], entropies and norms at 0); no band where one seed has the step.";
 
 /// Every figure of the report for `suite`.
+#[cfg(test)]
 pub(crate) fn plan(suite: &Suite) -> Vec<Planned> {
+    plan_all(suite).0
+}
+
+/// Every figure of the report for `suite`, and what the report should warn about (the sweep
+/// figure's detection, [`crate::sweep`]).
+pub(crate) fn plan_all(suite: &Suite) -> (Vec<Planned>, Vec<String>) {
+    let sweep = crate::sweep::plan(suite);
     let mut out = vec![
         eval_figure(suite, XAxis::Step),
         eval_figure(suite, XAxis::Rollouts),
     ];
     out.extend(GridTable::build(suite).map(|g| grid_figure(suite, &g)));
+    out.extend(sweep.figure);
     out.push(judge_figure(suite));
     out.push(diagnostics_figure(suite));
     out.extend(difficulty_figures(suite));
     out.extend(posterior_figures(suite));
-    out
+    (out, sweep.warnings)
 }
 
 /// The x axis of a curve.

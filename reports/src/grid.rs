@@ -242,6 +242,7 @@ mod tests {
                 .collect(),
             adaptation: None,
             posterior: None,
+            resolved: None,
             warnings: vec![],
         }
     }

@@ -2,7 +2,7 @@
 //!
 //! Run directories → a report: figures (PNG with an SVG beside each) and the ablation table, in
 //! one `report.md`. Reads only what runs wrote (`metrics.jsonl`, `meta.json`,
-//! `adaptation.jsonl`, `posterior.jsonl`, optional `suite.json`) and `rlany bench --json` files,
+//! `adaptation.jsonl`, `posterior.jsonl`, `resolved.ron`, optional `suite.json`) and `rlany bench --json` files,
 //! never Burn: reports can be made on any machine from copied run directories.
 //!
 //! [`write_report`] is the entry point (used by `rlany report RUN_OR_SUITE_DIR… --out DIR`).
@@ -10,8 +10,16 @@
 //! [`Table`] is the ablation table, [`GridTable`] the accuracy per level of the eval's
 //! difficulty grid, [`stats`] has the Student-t machinery.
 //!
+//! Figures, in report order: evaluation accuracy against steps and against rollouts, accuracy
+//! over the eval's difficulty grid, the **sweep** (only when the rows sweep one numeric setting
+//! of their `resolved.ron`, e.g. the synthetic judge's accuracy: each row's paired Δ of
+//! in-domain and OOD accuracy to its baseline against that setting, with 95% CIs and a table
+//! of the numbers; detection and drawing rules in [`sweep`]), the judge, training diagnostics,
+//! difficulty per experiment and the GP posterior per run.
+//!
 //! Modules: [`runs`] (reading, tolerant of a killed run's cut last line), [`suite`] (row order
-//! and baselines), [`stats`], [`table`], [`grid`], `figures` (what each figure shows), `plot`
+//! and baselines), [`stats`], [`table`], [`grid`], [`sweep`] (the swept setting: `resolved.ron`
+//! flattened, detection, the sweep figure), `figures` (what each figure shows), `plot`
 //! (drawing with plotters), `glyphs` (text measured and rasterised with ab_glyph and the bundled
 //! DejaVu Sans, no system font), [`mod@bench`] (backend comparison).
 
@@ -24,6 +32,7 @@ mod plot;
 pub mod runs;
 pub mod stats;
 pub mod suite;
+pub mod sweep;
 pub mod table;
 #[cfg(test)]
 mod tests;
@@ -106,7 +115,9 @@ pub fn write_report(paths: &[PathBuf], opts: &ReportOptions) -> Result<ReportSum
     let mut stems = BTreeSet::new();
     let mut written: Vec<(Planned, FigureFile)> = Vec::new();
     if !suite.rows.is_empty() {
-        for p in figures::plan(&suite) {
+        let (plans, sweep_warnings) = figures::plan_all(&suite);
+        warnings.extend(sweep_warnings);
+        for p in plans {
             let stem = unique_stem(&mut stems, &p.stem);
             let f = plot::save(&p.figure, &fig_dir, &stem)?;
             written.push((p, f));

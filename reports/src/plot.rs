@@ -107,6 +107,22 @@ pub(crate) enum Shape {
     Down,
     /// An ✕.
     Cross,
+    /// Filled diamond.
+    Diamond,
+    /// Filled square.
+    Square,
+}
+
+/// A text label at a data point (the sweep figure's off-line points, a reference line's name).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Label {
+    pub x: f64,
+    pub y: f64,
+    pub text: String,
+    /// Whether the text ends at the point (placed to its left) instead of starting there.
+    pub left: bool,
+    /// Whether the text hangs below the point instead of standing above it.
+    pub below: bool,
 }
 
 /// One thing drawn in a panel (data coordinates).
@@ -136,6 +152,13 @@ pub(crate) enum Layer {
     HLine { color: RGBColor, y: f64 },
     /// A dashed vertical line across the panel.
     VLine { color: RGBColor, x: f64 },
+    /// Vertical error bars with short caps: `(x, lo, hi)`.
+    ErrorBars {
+        color: RGBColor,
+        bars: Vec<(f64, f64, f64)>,
+    },
+    /// Text labels beside their points.
+    Labels { color: RGBColor, labels: Vec<Label> },
 }
 
 /// One chart of a figure.
@@ -447,6 +470,18 @@ fn auto_range(p: &Panel, x_axis: bool) -> (f64, f64) {
             Layer::HSpan { lo, hi, .. } if !x_axis => vals.extend([*lo, *hi]),
             Layer::HLine { y, .. } if !x_axis => vals.push(*y),
             Layer::VLine { x, .. } if x_axis => vals.push(*x),
+            Layer::ErrorBars { bars, .. } => {
+                for &(x, lo, hi) in bars {
+                    if x_axis {
+                        vals.push(x);
+                    } else {
+                        vals.extend([lo, hi]);
+                    }
+                }
+            }
+            Layer::Labels { labels, .. } => {
+                vals.extend(labels.iter().map(|l| if x_axis { l.x } else { l.y }));
+            }
             _ => {}
         }
     }
@@ -548,6 +583,43 @@ fn draw_layer<DB: DrawingBackend>(
             let pts = vec![c.p((*x, c.y.0)), c.p((*x, c.y.1))];
             area.draw(&DashedPathElement::new(pts, 5, 5, color.stroke_width(1)))?;
         }
+        Layer::ErrorBars { color, bars } => {
+            let st = color.stroke_width(2);
+            for &(x, lo, hi) in bars.iter().filter(|b| (c.x.0..=c.x.1).contains(&b.0)) {
+                let (a, b) = (c.p((x, lo)), c.p((x, hi)));
+                area.draw(&PathElement::new(vec![a, b], st))?;
+                for end in [(x, lo), (x, hi)].into_iter().filter(|&e| c.inside(e)) {
+                    area.draw(
+                        &(EmptyElement::at(end) + PathElement::new(vec![(-5, 0), (5, 0)], st)),
+                    )?;
+                }
+            }
+        }
+        Layer::Labels { color, labels } => {
+            for l in labels.iter().filter(|l| c.inside((l.x, l.y))) {
+                let (h, dx) = if l.left {
+                    (HPos::Right, -8)
+                } else {
+                    (HPos::Left, 8)
+                };
+                let (v, dy) = if l.below {
+                    (VPos::Top, 6)
+                } else {
+                    (VPos::Bottom, -6)
+                };
+                let style = (FONT, TICK_PX).into_font().color(color).pos(Pos::new(h, v));
+                // A pale box under the text keeps it legible over lines and bars.
+                let w = text_width(&l.text, TICK_PX) as i32 + 4;
+                let th = TICK_PX as i32 + 4;
+                let x0 = if l.left { dx - w + 2 } else { dx - 2 };
+                let y0 = if l.below { dy - 1 } else { dy - th + 1 };
+                area.draw(
+                    &(EmptyElement::at((l.x, l.y))
+                        + Rectangle::new([(x0, y0), (x0 + w, y0 + th)], WHITE.mix(0.8).filled())
+                        + Text::new(l.text.clone(), (dx, dy), style)),
+                )?;
+            }
+        }
     }
     Ok(())
 }
@@ -568,6 +640,13 @@ fn draw_marker<DB: DrawingBackend, CT: CoordTranslate>(
             let s = if shape == Shape::Up { 1 } else { -1 };
             let tri = vec![(0, -7 * s), (7, 5 * s), (-7, 5 * s)];
             area.draw(&(EmptyElement::at(p) + Polygon::new(tri, fill)))?;
+        }
+        Shape::Diamond => {
+            let d = vec![(0, -7), (7, 0), (0, 7), (-7, 0)];
+            area.draw(&(EmptyElement::at(p) + Polygon::new(d, fill)))?;
+        }
+        Shape::Square => {
+            area.draw(&(EmptyElement::at(p) + Rectangle::new([(-5, -5), (5, 5)], fill)))?;
         }
         Shape::Cross => {
             let st = color.stroke_width(3);

@@ -181,6 +181,9 @@ pub struct Run {
     pub adaptation: Option<Vec<AdaptationStep>>,
     /// `posterior.jsonl`, if present.
     pub posterior: Option<Vec<PosteriorSnapshot>>,
+    /// `resolved.ron` (the experiment as run, every default filled in), if present; read as
+    /// text, parsed only by the sweep figure ([`crate::sweep`]).
+    pub resolved: Option<String>,
     /// What was odd but not fatal while reading (each names its file).
     pub warnings: Vec<String>,
 }
@@ -211,6 +214,7 @@ impl Run {
         }
         let adaptation = read_optional(&dir.join("adaptation.jsonl"), &mut warnings)?;
         let posterior = read_optional(&dir.join("posterior.jsonl"), &mut warnings)?;
+        let resolved = fs::read_to_string(dir.join("resolved.ron")).ok();
         Ok(Self {
             dir: dir.to_path_buf(),
             experiment,
@@ -219,6 +223,7 @@ impl Run {
             lines,
             adaptation,
             posterior,
+            resolved,
             warnings,
         })
     }

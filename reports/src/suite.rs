@@ -9,6 +9,10 @@
 //! Baseline (for the paired differences): the row above, unless `suite.json` says otherwise:
 //! `{"rows": [{"experiment": "b", "baseline": "a"}, {"experiment": "c", "baseline": null}]}` —
 //! a name picks that row, `null` means none, and a missing key means the row above.
+//!
+//! Sweep (for the sweep figure, [`crate::sweep`]): an optional top-level
+//! `"sweep": "judge.p_pos"` names the numeric setting (a dotted path into `resolved.ron`) that
+//! the rows sweep, when the report cannot tell it on its own.
 
 use crate::error::{ReportError, io};
 use crate::runs::Run;
@@ -63,6 +67,18 @@ pub struct Suite {
     pub rows: Vec<Row>,
     /// What was odd but not fatal (each run's reading warnings included).
     pub warnings: Vec<String>,
+    /// `suite.json`'s `"sweep"`: the setting the sweep figure plots against (a dotted path
+    /// into `resolved.ron`, e.g. `judge.p_pos`); `None`: detected.
+    pub sweep: Option<String>,
+}
+
+/// What a `suite.json` says.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SuiteFile {
+    /// Its rows, in order.
+    pub rows: Vec<SuiteRowSpec>,
+    /// Its top-level `"sweep"`, if any.
+    pub sweep: Option<String>,
 }
 
 impl Suite {
@@ -70,8 +86,18 @@ impl Suite {
     pub fn build(runs: Vec<Run>) -> Result<Self, ReportError> {
         let mut spec = Vec::new();
         let mut warnings = Vec::new();
+        let mut sweep: Option<String> = None;
         for path in suite_files(&runs) {
-            for row in read_suite_json(&path)? {
+            let file = read_suite_file(&path)?;
+            match (&sweep, file.sweep) {
+                (None, s) => sweep = s,
+                (Some(a), Some(b)) if *a != b => warnings.push(format!(
+                    "{}: \"sweep\": \"{b}\" ignored; an earlier suite.json names \"{a}\"",
+                    path.display()
+                )),
+                _ => {}
+            }
+            for row in file.rows {
                 if spec
                     .iter()
                     .any(|s: &SuiteRowSpec| s.experiment == row.experiment)
@@ -89,6 +115,7 @@ impl Suite {
         let mut suite = Self::from_runs(runs, &spec);
         warnings.append(&mut suite.warnings);
         suite.warnings = warnings;
+        suite.sweep = sweep;
         Ok(suite)
     }
 
@@ -149,7 +176,11 @@ impl Suite {
                 }
             })
             .collect();
-        Self { rows, warnings }
+        Self {
+            rows,
+            warnings,
+            sweep: None,
+        }
     }
 
     /// The row of `experiment`.
@@ -257,8 +288,13 @@ fn suite_files(runs: &[Run]) -> Vec<PathBuf> {
     out
 }
 
-/// Reads `suite.json`: `{"rows": [{"experiment": "...", "baseline": "..." | null}]}`.
+/// Reads the rows of `suite.json`: `{"rows": [{"experiment": "...", "baseline": "..." | null}]}`.
 pub fn read_suite_json(path: &Path) -> Result<Vec<SuiteRowSpec>, ReportError> {
+    read_suite_file(path).map(|f| f.rows)
+}
+
+/// Reads `suite.json`: `{"rows": [...], "sweep": "judge.p_pos"}` (`"sweep"` optional).
+pub fn read_suite_file(path: &Path) -> Result<SuiteFile, ReportError> {
     let text = fs::read_to_string(path).map_err(io(path))?;
     let bad = |message: String| ReportError::BadFile {
         path: path.to_path_buf(),
@@ -269,7 +305,17 @@ pub fn read_suite_json(path: &Path) -> Result<Vec<SuiteRowSpec>, ReportError> {
         .get("rows")
         .and_then(Value::as_array)
         .ok_or_else(|| bad("expected {\"rows\": [...]}".into()))?;
-    rows.iter()
+    let sweep = match v.get("sweep") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => {
+            return Err(bad(
+                "\"sweep\": expected a setting's path, e.g. \"judge.p_pos\"".into(),
+            ));
+        }
+    };
+    let rows = rows
+        .iter()
         .enumerate()
         .map(|(i, r)| {
             let experiment = r
@@ -290,7 +336,8 @@ pub fn read_suite_json(path: &Path) -> Result<Vec<SuiteRowSpec>, ReportError> {
                 baseline,
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(SuiteFile { rows, sweep })
 }
 
 #[cfg(test)]
@@ -310,6 +357,7 @@ mod tests {
             lines: vec![],
             adaptation: None,
             posterior: None,
+            resolved: None,
             warnings: vec![],
         }
     }

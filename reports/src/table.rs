@@ -280,7 +280,7 @@ fn cell_text(m: &MeanCi, c: &Column, runs: usize) -> String {
     }
 }
 
-fn diff_text(d: &MeanCi, c: &Column, shared: usize) -> String {
+pub(crate) fn diff_text(d: &MeanCi, c: &Column, shared: usize) -> String {
     let p = digits(c);
     let mean = format!("{:+.p$}", d.mean);
     let text = match d.half_width {
@@ -510,6 +510,7 @@ mod tests {
             lines: vec![line(1, 0.0, 0.0), line(2, accepted, rejected)],
             adaptation: None,
             posterior: None,
+            resolved: None,
             warnings: vec![],
         }
     }
