@@ -501,3 +501,209 @@ fn bench_only_report_and_no_runs() {
     assert!(matches!(e, Err(ReportError::NoRuns(_))));
     let _ = fs::remove_dir_all(d);
 }
+
+fn sweep_fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sweep")
+}
+
+/// Copies the folder tree `from` to `to`.
+fn copy_tree(from: &Path, to: &Path) {
+    fs::create_dir_all(to).expect("dir");
+    for e in fs::read_dir(from).expect("read dir").filter_map(Result::ok) {
+        let p = e.path();
+        if p.is_dir() {
+            copy_tree(&p, &to.join(e.file_name()));
+        } else {
+            fs::copy(&p, to.join(e.file_name())).expect("copy");
+        }
+    }
+}
+
+/// Every `(x, y)` of the layers of `panel` that match `pick`.
+fn layer_points(
+    panel: &crate::plot::Panel,
+    pick: impl Fn(&crate::plot::Layer) -> Option<Vec<(f64, f64)>>,
+) -> Vec<(f64, f64)> {
+    panel.layers.iter().filter_map(pick).flatten().collect()
+}
+
+fn close(a: &[(f64, f64)], b: &[(f64, f64)]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(p, q)| (p.0 - q.0).abs() < 1e-9 && (p.1 - q.1).abs() < 1e-9)
+}
+
+#[test]
+fn sweep_fixture_figure_table_and_placement() {
+    use crate::plot::{Layer, Shape};
+    let out = out_dir("sweep-report");
+    let s = write_report(&[sweep_fixture()], &ReportOptions::new(&out)).expect("report");
+    assert_eq!((s.runs, s.experiments), (18, 6));
+    assert!(
+        s.warnings.iter().all(|w| !w.contains("sweep")),
+        "{:?}",
+        s.warnings
+    );
+    let fig = s
+        .figures
+        .iter()
+        .find(|f| f.png.file_stem().is_some_and(|n| n == "sweep"))
+        .expect("a sweep figure");
+    assert_eq!(png_size(&fig.png), (960, fig.height));
+    let svg = fs::read_to_string(&fig.svg).expect("svg");
+    assert!(svg.contains("<svg") && svg.contains("judge.p_pos = 0.9, judge.p_neg = 0.5"));
+    let report = fs::read_to_string(&s.report).expect("report.md");
+    // In section 1, after the other eval figures, before the judge.
+    let at = report.find("(figures/sweep.png)").expect("embedded");
+    assert!(
+        at > report
+            .find("## 1. Evaluation accuracy")
+            .unwrap_or(usize::MAX)
+    );
+    assert!(at < report.find("## 2. The judge").unwrap_or(0));
+    assert!(
+        report.contains("*Sweep of `judge.p_pos = judge.p_neg` (found as the numeric setting"),
+        "{report}"
+    );
+    assert!(report.contains(
+        "Rows whose grouped settings differ are drawn at their mean, marked (◆) and labelled with their values (for p⁺ and p⁻ the mean is the judge's balanced accuracy)."
+    ));
+    assert!(report.contains("The dashed line at 0 is the baseline, `outcome_only`."));
+    // Hand-computed: baseline acc_id 0.5, 0.5625, 0.625 and acc_ood 0.25, 0.3125, 0.25
+    // (seeds 1-3). oracle_p06: Δ ID 0, 0.0625, −0.0625 → mean 0, s = 0.0625, half-width
+    // 4.302653 · 0.0625 / √3 = 0.155; Δ OOD 0.0625, 0, 0.0625 → 0.0417, s = 0.036084 → 0.090.
+    // oracle_off (x = (0.9 + 0.5) / 2 = 0.7): Δ ID 0.0625, 0.125, 0.0625 → 0.0833 ± 0.090.
+    // oracle_p10: Δ OOD 0.1875, 0.25, 0.3125 → 0.25 ± 0.155.
+    // oracle_p10_lambda2: Δ ID 0.1875, 0.125, 0.1875 → 0.1667; Δ OOD 0.125, 0.125, 0.0625 → 0.1042.
+    let table = "| experiment | baseline | `judge.p_pos = judge.p_neg` | what else differs | seeds paired | Δ acc ID | Δ acc OOD |\n\
+|---|---|---:|---|---|---:|---:|\n\
+| oracle_p06 | outcome_only | 0.6 | – | 1, 2, 3 | +0.000 ± 0.155 | +0.042 ± 0.090 |\n\
+| oracle_off | outcome_only | 0.7 | judge.p_pos = 0.9, judge.p_neg = 0.5 | 1, 2, 3 | +0.083 ± 0.090 | +0.042 ± 0.090 |\n\
+| oracle_p08 | outcome_only | 0.8 | – | 1, 2, 3 | +0.146 ± 0.090 | +0.146 ± 0.090 |\n\
+| oracle_p10 | outcome_only | 1 | – | 1, 2, 3 | +0.271 ± 0.090 | +0.250 ± 0.155 |\n\
+| oracle_p10_lambda2 | outcome_only | 1 | reward.lambda = 2 | 1, 2, 3 | +0.167 ± 0.090 | +0.104 ± 0.090 |\n";
+    assert!(report.contains(table), "{report}");
+    // The same numbers as the ablation table's paired differences.
+    assert!(
+        s.table
+            .contains("| oracle_off | outcome_only | 1, 2, 3 | +0.083 ± 0.090 | +0.042 ± 0.090 |")
+    );
+
+    // The drawing: the off-diagonal row at x = 0.7 (a diamond), λ = 2 apart (a square), the
+    // others joined in x order, bars = hand-computed 95% CIs.
+    let suite = Suite::build(collect(&[sweep_fixture()]).expect("runs")).expect("suite");
+    let plans = crate::figures::plan(&suite);
+    let p = plans.iter().find(|p| p.stem == "sweep").expect("sweep");
+    assert_eq!(p.figure.panels[0].x_label, "judge.p_pos = judge.p_neg");
+    let id = &p.figure.panels[0];
+    let m = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
+    let line = layer_points(id, |l| match l {
+        Layer::Line { points, .. } => Some(points.clone()),
+        _ => None,
+    });
+    assert!(
+        close(
+            &line,
+            &[
+                (0.6, 0.0),
+                (0.8, m(&[0.125, 0.1875, 0.125])),
+                (1.0, m(&[0.25, 0.25, 0.3125]))
+            ]
+        ),
+        "{line:?}"
+    );
+    let shape = |s: Shape| {
+        layer_points(id, move |l| match l {
+            Layer::Markers { shape, points, .. } if *shape == s => Some(points.clone()),
+            _ => None,
+        })
+    };
+    assert!(close(
+        &shape(Shape::Diamond),
+        &[(0.7, m(&[0.0625, 0.125, 0.0625]))]
+    ));
+    // λ = 2 is at p = 1 like oracle_p10: drawn 1.5% of the x range (0.6 − 0.032 … 1 + 0.032)
+    // to its right.
+    let dodge = 0.015 * 0.4 * 1.16;
+    assert!(close(
+        &shape(Shape::Square),
+        &[(1.0 + dodge, m(&[0.1875, 0.125, 0.1875]))]
+    ));
+    let bars: Vec<(f64, f64, f64)> = id
+        .layers
+        .iter()
+        .filter_map(|l| match l {
+            Layer::ErrorBars { bars, .. } => Some(bars.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let (bm, bh) = hand_ci(&[0.0625, 0.125, 0.0625], T2);
+    assert!(
+        bars.iter().any(|&(x, lo, hi)| x == 0.7
+            && (lo - (bm - bh)).abs() < 1e-9
+            && (hi - (bm + bh)).abs() < 1e-9),
+        "{bars:?}"
+    );
+    assert_eq!(bars.len(), 5);
+    let labels: Vec<String> = id
+        .layers
+        .iter()
+        .filter_map(|l| match l {
+            Layer::Labels { labels, .. } => Some(labels.iter().map(|l| l.text.clone())),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(
+        labels,
+        ["judge.p_pos = 0.9, judge.p_neg = 0.5", "reward.lambda = 2"]
+    );
+    if std::env::var_os("RLANY_REPORT_OUT").is_none() {
+        let _ = fs::remove_dir_all(out);
+    }
+}
+
+#[test]
+fn sweep_named_in_suite_json_and_a_bad_name_warns() {
+    let root = temp_dir("sweep-override");
+    copy_tree(&sweep_fixture(), &root);
+    let suite_json = root.join("suite.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&suite_json).expect("read")).expect("json");
+    v["sweep"] = "reward.lambda".into();
+    fs::write(&suite_json, v.to_string()).expect("write");
+    let s = write_report(
+        std::slice::from_ref(&root),
+        &ReportOptions::new(root.join("out")),
+    )
+    .expect("report");
+    let report = fs::read_to_string(&s.report).expect("report.md");
+    // λ is the axis now; the rows whose judge differs from the most common one (p = 1) are
+    // set apart and labelled.
+    assert!(report.contains("*Sweep of `reward.lambda` (named by suite.json's `\"sweep\"`)"));
+    assert!(
+        report.contains("| oracle_p10_lambda2 | outcome_only | 2 | – | 1, 2, 3 | +0.167 ± 0.090 |"),
+        "{report}"
+    );
+    assert!(report.contains(
+        "| oracle_off | outcome_only | 1 | judge.p_pos = 0.9; judge.p_neg = 0.5 | 1, 2, 3 |"
+    ));
+
+    // A setting that does not vary: no sweep figure, a warning saying what varies.
+    v["sweep"] = "budget.steps".into();
+    fs::write(&suite_json, v.to_string()).expect("write");
+    let s = write_report(
+        std::slice::from_ref(&root),
+        &ReportOptions::new(root.join("out2")),
+    )
+    .expect("report");
+    assert!(s.figures.iter().all(|f| !f.png.ends_with("sweep.png")));
+    let report = fs::read_to_string(&s.report).expect("report.md");
+    assert!(
+        report.contains("- no sweep figure: suite.json's \"sweep\": \"budget.steps\" is not a numeric setting whose value differs among the rows that have a baseline (those that do: `judge.p_pos`, `judge.p_neg`, `reward.lambda`)"),
+        "{report}"
+    );
+    let _ = fs::remove_dir_all(root);
+}
