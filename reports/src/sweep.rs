@@ -4,7 +4,7 @@
 //! Drawn only when such a setting exists; needs no configuration.
 //!
 //! **Settings.** Each run's `resolved.ron` (the experiment as run, written by ron with struct
-//! names) is read by a small tolerant parser ([`parse_settings`]) into its numeric leaves under
+//! names) is read as an untyped `ron::Value` ([`parse_settings`]) into its numeric leaves under
 //! dotted paths: struct fields and map keys by name (`judge.p_pos`, `reward.lambda`,
 //! `budget.steps`), tuple and list elements by index (`reward.policy_band.0`). Enum variant and
 //! struct names are not part of a path; `Some(x)` and a variant or struct holding one unnamed
@@ -75,359 +75,8 @@ pub fn num(v: f64) -> String {
 // ---------------------------------------------------------------------------------------------
 // resolved.ron → settings
 
-/// A RON value, reduced to what the flattening needs.
-#[derive(Debug, Clone, PartialEq)]
-enum Ron {
-    Num(f64),
-    /// Strings, characters, booleans, unit values and unit variants.
-    Other,
-    /// Tuples and lists.
-    List(Vec<Ron>),
-    /// Structs (named or not) and maps.
-    Fields(Vec<(String, Ron)>),
-}
-
-/// Deeper nesting than this is refused (no stack overflow on a hostile file).
-const MAX_DEPTH: usize = 128;
-
-struct Parser<'a> {
-    s: &'a [u8],
-    i: usize,
-}
-
-impl Parser<'_> {
-    fn err(&self, what: &str) -> String {
-        let line = 1 + self.s[..self.i.min(self.s.len())]
-            .iter()
-            .filter(|&&b| b == b'\n')
-            .count();
-        format!("line {line}: {what}")
-    }
-
-    fn peek(&self) -> Option<u8> {
-        self.s.get(self.i).copied()
-    }
-
-    fn at(&self, k: usize) -> Option<u8> {
-        self.s.get(self.i + k).copied()
-    }
-
-    fn rest(&self) -> &[u8] {
-        &self.s[self.i.min(self.s.len())..]
-    }
-
-    /// Skips whitespace, comments and `#![enable(...)]` attributes.
-    fn skip(&mut self) {
-        loop {
-            while self.peek().is_some_and(|b| b.is_ascii_whitespace()) {
-                self.i += 1;
-            }
-            if self.rest().starts_with(b"//") {
-                while self.peek().is_some_and(|b| b != b'\n') {
-                    self.i += 1;
-                }
-            } else if self.rest().starts_with(b"/*") {
-                let mut depth = 0usize;
-                while self.i < self.s.len() {
-                    if self.rest().starts_with(b"/*") {
-                        depth += 1;
-                        self.i += 2;
-                    } else if self.rest().starts_with(b"*/") {
-                        depth -= 1;
-                        self.i += 2;
-                        if depth == 0 {
-                            break;
-                        }
-                    } else {
-                        self.i += 1;
-                    }
-                }
-            } else if self.rest().starts_with(b"#![") {
-                while self.peek().is_some_and(|b| b != b']') {
-                    self.i += 1;
-                }
-                self.i += 1;
-            } else {
-                return;
-            }
-        }
-    }
-
-    fn eat(&mut self, c: u8) -> bool {
-        self.skip();
-        if self.peek() == Some(c) {
-            self.i += 1;
-            true
-        } else {
-            false
-        }
-    }
-
-    fn expect(&mut self, c: u8) -> Result<(), String> {
-        if self.eat(c) {
-            Ok(())
-        } else {
-            Err(self.err(&format!("expected `{}`", c as char)))
-        }
-    }
-
-    /// An identifier at the current position (`r#name` too), or nothing consumed.
-    fn ident(&mut self) -> Option<String> {
-        let start = self.i;
-        if self.rest().starts_with(b"r#") {
-            self.i += 2;
-        }
-        let first = self.i;
-        if !self
-            .peek()
-            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
-        {
-            self.i = start;
-            return None;
-        }
-        while self
-            .peek()
-            .is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_')
-        {
-            self.i += 1;
-        }
-        Some(String::from_utf8_lossy(&self.s[first..self.i]).into_owned())
-    }
-
-    /// Skips a quoted string or character (the opening quote at the current position).
-    fn quoted(&mut self, q: u8) -> Result<(), String> {
-        self.i += 1;
-        loop {
-            match self.peek() {
-                None => return Err(self.err("unterminated string")),
-                Some(b'\\') => self.i += 2,
-                Some(b) if b == q => {
-                    self.i += 1;
-                    return Ok(());
-                }
-                Some(_) => self.i += 1,
-            }
-        }
-    }
-
-    /// Skips a raw string `r#"…"#` (at its `r`).
-    fn raw_string(&mut self) -> Result<(), String> {
-        self.i += 1;
-        let mut hashes = 0;
-        while self.peek() == Some(b'#') {
-            hashes += 1;
-            self.i += 1;
-        }
-        if self.peek() != Some(b'"') {
-            return Err(self.err("expected `\"` of a raw string"));
-        }
-        self.i += 1;
-        let mut end = vec![b'"'];
-        end.extend(std::iter::repeat_n(b'#', hashes));
-        while self.i < self.s.len() {
-            if self.rest().starts_with(&end) {
-                self.i += end.len();
-                return Ok(());
-            }
-            self.i += 1;
-        }
-        Err(self.err("unterminated raw string"))
-    }
-
-    fn is_raw_string(&self) -> bool {
-        if self.peek() != Some(b'r') {
-            return false;
-        }
-        let mut k = 1;
-        while self.at(k) == Some(b'#') {
-            k += 1;
-        }
-        self.at(k) == Some(b'"')
-    }
-
-    fn number(&mut self) -> Result<Ron, String> {
-        let start = self.i;
-        let negative = self.peek() == Some(b'-');
-        if matches!(self.peek(), Some(b'-' | b'+')) {
-            self.i += 1;
-        }
-        for special in [&b"inf"[..], b"NaN"] {
-            if self.rest().starts_with(special) {
-                self.i += 3;
-                let v = if special == b"inf" {
-                    f64::INFINITY
-                } else {
-                    f64::NAN
-                };
-                return Ok(Ron::Num(if negative { -v } else { v }));
-            }
-        }
-        let radix = match self.rest() {
-            [b'0', b'x', ..] => 16,
-            [b'0', b'b', ..] => 2,
-            [b'0', b'o', ..] => 8,
-            _ => 10,
-        };
-        if radix != 10 {
-            self.i += 2;
-            let d0 = self.i;
-            while self
-                .peek()
-                .is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_')
-            {
-                self.i += 1;
-            }
-            let digits: String = String::from_utf8_lossy(&self.s[d0..self.i])
-                .chars()
-                .filter(|&c| c != '_')
-                .collect();
-            let v =
-                i128::from_str_radix(&digits, radix).map_err(|_| self.err("not a number"))? as f64;
-            return Ok(Ron::Num(if negative { -v } else { v }));
-        }
-        while let Some(b) = self.peek() {
-            let exp_sign = matches!(b, b'+' | b'-')
-                && matches!(self.s.get(self.i.wrapping_sub(1)), Some(b'e' | b'E'));
-            if b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'e' | b'E') || exp_sign {
-                self.i += 1;
-            } else {
-                break;
-            }
-        }
-        let text: String = String::from_utf8_lossy(&self.s[start..self.i])
-            .chars()
-            .filter(|&c| c != '_')
-            .collect();
-        // A type suffix (`1.0f64`, `3u8`) is not part of the value.
-        while self.peek().is_some_and(|b| b.is_ascii_alphanumeric()) {
-            self.i += 1;
-        }
-        text.parse::<f64>()
-            .map(Ron::Num)
-            .map_err(|_| self.err(&format!("`{text}` is not a number")))
-    }
-
-    fn value(&mut self, depth: usize) -> Result<Ron, String> {
-        if depth > MAX_DEPTH {
-            return Err(self.err("nested too deep"));
-        }
-        self.skip();
-        let Some(c) = self.peek() else {
-            return Err(self.err("unexpected end of file"));
-        };
-        match c {
-            b'"' | b'\'' => self.quoted(c).map(|()| Ron::Other),
-            b'b' if matches!(self.at(1), Some(b'"' | b'\'')) => {
-                self.i += 1;
-                self.quoted(self.s[self.i]).map(|()| Ron::Other)
-            }
-            b'r' if self.is_raw_string() => self.raw_string().map(|()| Ron::Other),
-            b'[' => {
-                self.i += 1;
-                self.items(b']', depth).map(Ron::List)
-            }
-            b'{' => {
-                self.i += 1;
-                self.map(depth)
-            }
-            b'(' => {
-                self.i += 1;
-                self.paren(false, depth)
-            }
-            b'-' | b'+' | b'.' | b'0'..=b'9' => self.number(),
-            _ => {
-                let Some(id) = self.ident() else {
-                    return Err(self.err(&format!("unexpected `{}`", c as char)));
-                };
-                match id.as_str() {
-                    "true" | "false" => Ok(Ron::Other),
-                    "inf" => Ok(Ron::Num(f64::INFINITY)),
-                    "NaN" => Ok(Ron::Num(f64::NAN)),
-                    _ if self.eat(b'(') => self.paren(true, depth),
-                    _ => Ok(Ron::Other),
-                }
-            }
-        }
-    }
-
-    /// Values up to `close`, comma-separated, a trailing comma allowed.
-    fn items(&mut self, close: u8, depth: usize) -> Result<Vec<Ron>, String> {
-        let mut out = Vec::new();
-        loop {
-            if self.eat(close) {
-                return Ok(out);
-            }
-            out.push(self.value(depth + 1)?);
-            if !self.eat(b',') {
-                self.expect(close)?;
-                return Ok(out);
-            }
-        }
-    }
-
-    /// `{key: value, …}`; keys as written (quotes removed).
-    fn map(&mut self, depth: usize) -> Result<Ron, String> {
-        let mut out = Vec::new();
-        loop {
-            if self.eat(b'}') {
-                return Ok(Ron::Fields(out));
-            }
-            self.skip();
-            let start = self.i;
-            self.value(depth + 1)?;
-            let key = String::from_utf8_lossy(&self.s[start..self.i])
-                .trim()
-                .trim_matches('"')
-                .to_string();
-            self.expect(b':')?;
-            out.push((key, self.value(depth + 1)?));
-            if !self.eat(b',') {
-                self.expect(b'}')?;
-                return Ok(Ron::Fields(out));
-            }
-        }
-    }
-
-    /// After `(`: a struct's fields, a tuple, or `()`. A named one holding one unnamed value
-    /// (`Some(x)`, a newtype variant) is that value.
-    fn paren(&mut self, named: bool, depth: usize) -> Result<Ron, String> {
-        if self.eat(b')') {
-            return Ok(Ron::Other);
-        }
-        let save = self.i;
-        let is_struct = self.ident().is_some() && {
-            self.skip();
-            self.peek() == Some(b':') && self.at(1) != Some(b':')
-        };
-        self.i = save;
-        if !is_struct {
-            let mut items = self.items(b')', depth)?;
-            return Ok(if named && items.len() == 1 {
-                items.remove(0)
-            } else {
-                Ron::List(items)
-            });
-        }
-        let mut out = Vec::new();
-        loop {
-            if self.eat(b')') {
-                return Ok(Ron::Fields(out));
-            }
-            self.skip();
-            let key = self
-                .ident()
-                .ok_or_else(|| self.err("expected a field name"))?;
-            self.expect(b':')?;
-            out.push((key, self.value(depth + 1)?));
-            if !self.eat(b',') {
-                self.expect(b')')?;
-                return Ok(Ron::Fields(out));
-            }
-        }
-    }
-}
-
-fn flatten(v: &Ron, path: &str, out: &mut Vec<(String, f64)>) {
+fn flatten(v: &ron::Value, path: &str, out: &mut Vec<(String, f64)>) {
+    use ron::Value;
     let join = |k: &str| {
         if path.is_empty() {
             k.to_string()
@@ -436,34 +85,47 @@ fn flatten(v: &Ron, path: &str, out: &mut Vec<(String, f64)>) {
         }
     };
     match v {
-        Ron::Num(x) if !path.is_empty() && x.is_finite() => out.push((path.to_string(), *x)),
-        Ron::Num(_) | Ron::Other => {}
-        Ron::List(items) => {
+        Value::Number(n) => {
+            let x = n.into_f64();
+            if !path.is_empty() && x.is_finite() {
+                out.push((path.to_string(), x));
+            }
+        }
+        Value::Option(Some(inner)) => flatten(inner, path, out),
+        Value::Seq(items) => {
             for (i, it) in items.iter().enumerate() {
                 flatten(it, &join(&i.to_string()), out);
             }
         }
-        Ron::Fields(fields) => {
-            for (k, it) in fields {
-                flatten(it, &join(k), out);
+        Value::Map(fields) => {
+            for (k, it) in fields.iter() {
+                if let Value::String(k) = k {
+                    flatten(it, &join(k), out);
+                }
             }
         }
+        _ => {}
     }
 }
 
-/// The numeric settings of a `resolved.ron` text (see the module docs for the paths); an error
-/// names the line where the text stops being RON.
+/// The numeric settings of a `resolved.ron` text (see the module docs for the paths), read
+/// with the `ron` crate's untyped [`ron::Value`]; an error names the line and column where the
+/// text stops being RON.
 pub fn parse_settings(text: &str) -> Result<Settings, String> {
-    let mut p = Parser {
-        s: text.as_bytes(),
-        i: 0,
-    };
-    let v = p.value(0)?;
+    let v: ron::Value = ron::Options::default()
+        .with_default_extension(ron::extensions::Extensions::UNWRAP_VARIANT_NEWTYPES)
+        .from_str(text)
+        .map_err(|e| format!("line {}, column {}: {}", e.position.line, e.position.col, e.code))?;
     let mut out = Vec::new();
     match &v {
-        Ron::Fields(fields) => {
-            for (k, it) in fields.iter().filter(|(k, _)| k != "name" && k != "seeds") {
-                flatten(it, k, &mut out);
+        ron::Value::Map(fields) => {
+            for (k, it) in fields.iter() {
+                if let ron::Value::String(k) = k
+                    && k != "name"
+                    && k != "seeds"
+                {
+                    flatten(it, k, &mut out);
+                }
             }
         }
         other => flatten(other, "", &mut out),
@@ -1280,7 +942,7 @@ Experiment(
         assert!(none.0.iter().all(|(p, _)| !p.starts_with("seeds")));
         // Broken text names its line.
         let e = parse_settings("Experiment(\n  judge: Oracle(p_pos 0.5),\n)").expect_err("bad");
-        assert!(e.starts_with("line 2:"), "{e}");
+        assert!(e.starts_with("line 2,"), "{e}");
         assert!(parse_settings("Experiment(a: [1, 2").is_err());
     }
 
