@@ -27,7 +27,6 @@ use crate::experiment::{
     Budget, Experiment, JudgeSpec, KlTarget, PpoSpec, RewardSpec, Sampling, WarmStart,
 };
 use crate::judge;
-use crate::synthetic_judge::SyntheticJudge;
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
 use crate::plugin::{AdaptationChoice, EnvironmentChoice};
 use crate::ppo::{NonFinite, UpdateParams, ppo_update};
@@ -36,6 +35,7 @@ use crate::rng::Rng;
 use crate::rollout::rollout_sharded;
 use crate::rundir::{Metrics, RunDir, RunDirError};
 use crate::step::{self, StepBatch};
+use crate::synthetic_judge::SyntheticJudge;
 use crate::warmcache::{self, WarmCache};
 use crate::warmstart::{SftOptions, supervised, warm_start};
 use burn::module::AutodiffModule;

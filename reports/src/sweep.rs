@@ -115,7 +115,12 @@ pub fn parse_settings(text: &str) -> Result<Settings, String> {
     let v: ron::Value = ron::Options::default()
         .with_default_extension(ron::extensions::Extensions::UNWRAP_VARIANT_NEWTYPES)
         .from_str(text)
-        .map_err(|e| format!("line {}, column {}: {}", e.position.line, e.position.col, e.code))?;
+        .map_err(|e| {
+            format!(
+                "line {}, column {}: {}",
+                e.position.line, e.position.col, e.code
+            )
+        })?;
     let mut out = Vec::new();
     match &v {
         ron::Value::Map(fields) => {

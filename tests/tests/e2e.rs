@@ -13,8 +13,13 @@ const QUICKSTARTS: [&str; 4] = [
     "desktop.ron",
 ];
 
-/// The shipped ablation suites (folders under `experiments/ablation/`).
+/// The shipped ablation suites (folders under `experiments/ablation/`): the paper's table,
+/// five rows each.
 const SUITES: [&str; 4] = ["arith", "codegen", "household", "desktop"];
+
+/// The shipped dose-response suites: outcome-only, then the synthetic judge at several
+/// qualities (framework/METHOD.md, "The synthetic judge").
+const JUDGE_QUALITY_SUITES: [&str; 2] = ["household-judge-quality", "codegen-judge-quality"];
 
 /// A small but real experiment: the arith environment at its easiest setting, a 1-layer
 /// policy, a few steps. Budgets are tiny so the whole file runs in seconds.
@@ -288,55 +293,12 @@ fn resume_is_exact_with_a_learned_judge_and_the_gp_proposer() {
 
 #[test]
 fn every_ablation_row_runs_with_a_tiny_budget() {
-    // Every suite folder (arith, codegen, …) has the same five rows.
-    let suites = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments/ablation");
-    let mut files: Vec<PathBuf> = Vec::new();
-    let mut folders = 0;
-    for suite in fs::read_dir(&suites).expect("ablation folder") {
-        let suite = suite.expect("entry").path();
-        let mut rows: Vec<PathBuf> = fs::read_dir(&suite)
-            .expect("suite folder")
-            .map(|e| e.expect("entry").path())
-            .filter(|p| p.extension().is_some_and(|e| e == "ron"))
-            .collect();
-        rows.sort();
-        assert_eq!(rows.len(), 5, "rows 0..4 in {}", suite.display());
-        files.extend(rows);
-        folders += 1;
-    }
-    assert!(folders >= SUITES.len(), "{SUITES:?}");
+    // Every Table-1 suite folder (arith, codegen, …) has the same five rows.
     let dir = scratch("ablation");
-    for (i, f) in files.iter().enumerate() {
+    for (i, f) in suite_rows(&SUITES, 5).iter().enumerate() {
         // The row within its suite (each suite has rows 0..4, in file-name order).
         let row = i % 5;
-        let mut exp = rlany::Experiment::load(f).unwrap_or_else(|e| panic!("{e}"));
-        exp.seeds = vec![1];
-        exp.policy.warm_start.steps = 3;
-        exp.policy.warm_start.batch = 8;
-        exp.budget.steps = 2;
-        exp.budget.tasks_per_step = 3;
-        exp.budget.group_size = 4;
-        exp.budget.eval_tasks = 3;
-        exp.budget.eval_every = 1;
-        exp.gate.min_rollouts = 4;
-        if let rlany_framework::experiment::JudgeSpec::Frozen(j)
-        | rlany_framework::experiment::JudgeSpec::Learned(j) = &mut exp.judge
-        {
-            j.warm_start.labels = 8;
-            j.warm_start.steps = 2;
-        }
-        let file = write(&dir, &format!("file{i}.ron"), &exp.to_ron());
-        let runs = dir.join("runs").to_string_lossy().into_owned();
-        assert_eq!(
-            rlany(&["run", &file, "--runs-dir", &runs, "--no-progress"]),
-            0,
-            "{}",
-            f.display()
-        );
-        let m = metrics(&dir.join("runs").join(&exp.name).join("seed-1"));
-        assert_eq!(m.len(), 3, "{}", f.display());
-        let has = |k: &str| m.iter().any(|l| l.get(k).is_some());
-        assert!(has("eval/acc_id") && has("eval/acc_ood"));
+        let (_, m) = smoke_run(&dir, i, f);
         // Rows 3 and 4 adapt: a barely warm-started policy fails its tasks, so every slot is
         // too hard and proposes easier tasks after step 1; rows 0–2 never propose.
         let proposals = m
@@ -358,6 +320,206 @@ fn every_ablation_row_runs_with_a_tiny_budget() {
         assert_eq!(judge_evaluated_last, row >= 1, "row {row}: judge quality");
     }
     let _ = fs::remove_dir_all(dir);
+}
+
+/// The `.ron` files of each named suite folder, in file-name order (`rows` per folder).
+fn suite_rows(suites: &[&str], rows: usize) -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments/ablation");
+    let mut files = Vec::new();
+    for suite in suites {
+        let mut found: Vec<PathBuf> = fs::read_dir(root.join(suite))
+            .expect("suite folder")
+            .map(|e| e.expect("entry").path())
+            .filter(|p| p.extension().is_some_and(|e| e == "ron"))
+            .collect();
+        found.sort();
+        assert_eq!(found.len(), rows, "rows in {suite}");
+        files.extend(found);
+    }
+    files
+}
+
+/// Runs a shipped experiment file with a tiny budget (seed 1, 2 steps, an eval every step);
+/// returns the experiment and its metrics lines.
+fn smoke_run(dir: &Path, i: usize, f: &Path) -> (rlany::Experiment, Vec<Value>) {
+    let mut exp = rlany::Experiment::load(f).unwrap_or_else(|e| panic!("{e}"));
+    exp.seeds = vec![1];
+    exp.policy.warm_start.steps = 3;
+    exp.policy.warm_start.batch = 8;
+    exp.budget.steps = 2;
+    exp.budget.tasks_per_step = 3;
+    exp.budget.group_size = 4;
+    exp.budget.eval_tasks = 3;
+    exp.budget.eval_every = 1;
+    exp.gate.min_rollouts = 4;
+    if let Some(j) = exp.judge.model_mut() {
+        j.warm_start.labels = 8;
+        j.warm_start.steps = 2;
+    }
+    let file = write(dir, &format!("file{i}.ron"), &exp.to_ron());
+    let runs = dir.join("runs").to_string_lossy().into_owned();
+    assert_eq!(
+        rlany(&["run", &file, "--runs-dir", &runs, "--no-progress"]),
+        0,
+        "{}",
+        f.display()
+    );
+    let m = metrics(&dir.join("runs").join(&exp.name).join("seed-1"));
+    assert_eq!(m.len(), 3, "{}", f.display());
+    let has = |k: &str| m.iter().any(|l| l.get(k).is_some());
+    assert!(has("eval/acc_id") && has("eval/acc_ood"));
+    (exp, m)
+}
+
+#[test]
+fn every_judge_quality_row_runs_with_a_tiny_budget() {
+    // Row 0 is outcome-only; rows 1–5 vote with the synthetic judge, every training step and
+    // on the judge's pool at every evaluation, and never train a judge.
+    let dir = scratch("judge-quality");
+    let mut baseline = String::new();
+    for (i, f) in suite_rows(&JUDGE_QUALITY_SUITES, 6).iter().enumerate() {
+        let row = i % 6;
+        let (exp, m) = smoke_run(&dir, i, f);
+        assert_eq!(exp.judge.oracle().is_some(), row >= 1, "row {row}");
+        if row == 0 {
+            baseline = exp.name.clone();
+        } else {
+            assert_eq!(
+                exp.baseline.as_ref(),
+                Some(&baseline),
+                "row {row}: baseline"
+            );
+        }
+        for l in &m[1..] {
+            assert_eq!(
+                l.get("judge/format_fail")
+                    .and_then(Value::as_f64)
+                    .map(|_| ()),
+                (row >= 1).then_some(()),
+                "row {row}"
+            );
+            assert!(
+                l.get("judge/updates").is_none(),
+                "row {row}: a judge was trained"
+            );
+        }
+        let last = m.last().expect("metrics");
+        assert_eq!(
+            last.get("judge/eval_bal_acc").is_some(),
+            row >= 1,
+            "row {row}"
+        );
+        assert_eq!(
+            last.get("compute/judge_steps").and_then(Value::as_f64),
+            Some(0.0)
+        );
+    }
+    let _ = fs::remove_dir_all(dir);
+}
+
+/// The tiny experiment with the synthetic judge, feeding the step reward and the GP's
+/// critic feedback.
+fn tiny_oracle() -> String {
+    TINY.replace("name: \"tiny\"", "name: \"tiny_oracle\"")
+        .replace("difficulty: [0.0, 0.0, 0.0]", "difficulty: [0.5, 0.0, 0.5]")
+        .replace(
+            "reward: (policy_band: (0.1, 0.9)),",
+            "judge: Oracle(p_pos: 0.8, p_neg: 0.6),\n\
+             reward: (policy_band: (0.1, 0.9)),\n\
+             adaptation: Gp(target: 0.5, band: (0.3, 0.7), candidates: 64),\n\
+             gate: (window: 4, min_rollouts: 6),",
+        )
+}
+
+#[test]
+fn the_synthetic_judge_is_deterministic_resumes_exactly_and_refuses_bad_values() {
+    let a = scratch("oracle-a");
+    let b = scratch("oracle-b");
+    let run = |dir: &Path, extra: &[&str]| {
+        let file = write(dir, "oracle.ron", &tiny_oracle());
+        let runs = dir.join("runs").to_string_lossy().into_owned();
+        let mut args = vec![
+            "run",
+            file.as_str(),
+            "--runs-dir",
+            runs.as_str(),
+            "--no-progress",
+        ];
+        args.extend_from_slice(extra);
+        (rlany(&args), dir.join("runs/tiny_oracle/seed-3"))
+    };
+    let (ca, ra) = run(&a, &[]);
+    assert_eq!(ca, 0);
+    // The same seed gives the same votes: a second run's metrics are identical up to step 3,
+    // where it stops; resumed, it writes the uninterrupted run's lines.
+    let (cb, rb) = run(&b, &["--stop-after", "3"]);
+    assert_eq!(cb, 0);
+    assert_eq!(metrics(&ra)[..4], metrics(&rb)[..]);
+    let file = b.join("oracle.ron").to_string_lossy().into_owned();
+    assert_eq!(
+        rlany(&[
+            "run",
+            &file,
+            "--resume",
+            &rb.to_string_lossy(),
+            "--no-progress"
+        ]),
+        0
+    );
+    let (ma, mb) = (metrics(&ra), metrics(&rb));
+    assert_eq!(ma, mb, "resumed run with the synthetic judge must match");
+    // It votes every step and is measured on its pool; there is no judge model.
+    for l in &ma[1..] {
+        assert!(l.get("judge/verdict_pos_rate").is_some());
+        assert_eq!(
+            l.get("judge/format_fail").and_then(Value::as_f64),
+            Some(0.0)
+        );
+    }
+    for key in [
+        "judge/eval_pos_acc",
+        "judge/eval_neg_acc",
+        "judge/eval_vote_bal_acc",
+    ] {
+        assert!(ma[0].get(key).is_some(), "missing {key}");
+    }
+    assert!(ma.iter().all(|l| l.get("judge/loss").is_none()));
+    let latest = fs::read_to_string(ra.join("checkpoints/latest")).expect("latest");
+    assert!(
+        !ra.join("checkpoints")
+            .join(latest.trim())
+            .join("judge.mpk")
+            .exists()
+    );
+    // Out of [0, 1], NaN and unknown fields are refused at their line, exit 2, no run.
+    let runs = a.join("bad-runs");
+    let runs_s = runs.to_string_lossy().into_owned();
+    for (name, from, to, field) in [
+        ("above", "p_pos: 0.8", "p_pos: 1.5", "judge.p_pos"),
+        ("negative", "p_neg: 0.6", "p_neg: -0.1", "judge.p_neg"),
+        ("nan", "p_neg: 0.6", "p_neg: NaN", "judge.p_neg"),
+        ("unknown", "p_neg: 0.6", "p_neg: 0.6, p_mid: 0.5", "p_mid"),
+    ] {
+        let f = write(&a, &format!("{name}.ron"), &tiny_oracle().replace(from, to));
+        assert_eq!(rlany(&["check", &f]), 2, "{name}");
+        assert_eq!(
+            rlany(&["run", &f, "--runs-dir", &runs_s, "--no-progress"]),
+            2,
+            "{name}"
+        );
+        assert!(!runs.exists(), "{name}: a run directory was created");
+        let err = rlany::Experiment::load(Path::new(&f))
+            .expect_err("invalid")
+            .to_string();
+        // The judge is on line 11 of the tiny file.
+        assert!(
+            err.contains(&format!("{name}.ron:11")) && err.contains(field),
+            "{name}: {err}"
+        );
+    }
+    for d in [a, b] {
+        let _ = fs::remove_dir_all(d);
+    }
 }
 
 #[test]
