@@ -345,10 +345,13 @@ pub(crate) fn save<F: Render>(fig: &F, dir: &Path, stem: &str) -> Result<FigureF
 }
 
 /// A tick label: integers without decimals, others with up to 3 significant decimals,
-/// thousands as `k`/`M`.
+/// thousands as `k`/`M`; a float residue of 0 (|v| < 1e-12, as plotters' ticks of a range
+/// across 0 produce: −5.6e-17) is `0`.
 pub(crate) fn tick(v: &f64) -> String {
     let a = v.abs();
-    if a >= 1e6 {
+    if a < 1e-12 {
+        "0".to_string()
+    } else if a >= 1e6 {
         trim(format!("{:.2}", v / 1e6)) + "M"
     } else if a >= 1e4 {
         trim(format!("{:.1}", v / 1e3)) + "k"
@@ -727,6 +730,8 @@ mod tests {
         assert_eq!(tick(&25_000.0), "25k");
         assert_eq!(tick(&2_500_000.0), "2.5M");
         assert_eq!(tick(&0.0), "0");
+        assert_eq!(tick(&-5.551115123125783e-17), "0");
+        assert_eq!(tick(&2.5e-4), "2.5e-4");
     }
 
     #[test]
