@@ -379,38 +379,35 @@ impl JudgeQuality {
 
 /// Scores majority verdicts against oracle labels: `(oracle label, verdicts)` per step.
 pub fn quality<'a>(steps: impl IntoIterator<Item = (bool, &'a [Verdict])>) -> JudgeQuality {
-    let (mut hit_pos, mut n_pos, mut hit_neg, mut n_neg) = (0usize, 0usize, 0usize, 0usize);
-    for (oracle, verdicts) in steps {
-        let maj = crate::reward::majority(verdicts);
-        if oracle {
-            n_pos += 1;
-            hit_pos += usize::from(maj == 1);
-        } else {
-            n_neg += 1;
-            hit_neg += usize::from(maj == -1);
-        }
-    }
-    let frac = |a: usize, b: usize| (b > 0).then(|| a as f64 / b as f64);
-    JudgeQuality {
-        pos_acc: frac(hit_pos, n_pos),
-        neg_acc: frac(hit_neg, n_neg),
-    }
+    score(
+        steps
+            .into_iter()
+            .map(|(oracle, verdicts)| (oracle, crate::reward::majority(verdicts))),
+    )
 }
 
 /// Scores single votes against oracle labels (every vote counts on its own, no majority):
 /// the per-vote p⁺ and p⁻. With `m` votes per step drawn from one distribution this is the
 /// judge's accuracy before the majority sharpens (or blurs) it.
 pub fn vote_quality<'a>(steps: impl IntoIterator<Item = (bool, &'a [Verdict])>) -> JudgeQuality {
+    score(
+        steps
+            .into_iter()
+            .flat_map(|(oracle, verdicts)| verdicts.iter().map(move |&v| (oracle, v))),
+    )
+}
+
+/// p⁺ and p⁻ of `(oracle label, verdict)` pairs: a verdict is right when it is `+` on a
+/// correct step and `−` on a wrong one (anything else is wrong on both).
+fn score(pairs: impl Iterator<Item = (bool, Verdict)>) -> JudgeQuality {
     let (mut hit_pos, mut n_pos, mut hit_neg, mut n_neg) = (0usize, 0usize, 0usize, 0usize);
-    for (oracle, verdicts) in steps {
-        for &v in verdicts {
-            if oracle {
-                n_pos += 1;
-                hit_pos += usize::from(v == 1);
-            } else {
-                n_neg += 1;
-                hit_neg += usize::from(v == -1);
-            }
+    for (oracle, v) in pairs {
+        if oracle {
+            n_pos += 1;
+            hit_pos += usize::from(v == 1);
+        } else {
+            n_neg += 1;
+            hit_neg += usize::from(v == -1);
         }
     }
     let frac = |a: usize, b: usize| (b > 0).then(|| a as f64 / b as f64);

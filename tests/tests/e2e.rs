@@ -86,7 +86,13 @@ fn metrics(run: &Path) -> Vec<Value> {
 }
 
 fn run_tiny(dir: &Path, extra: &[&str]) -> (u8, PathBuf) {
-    let file = write(dir, "tiny.ron", TINY);
+    run_file(dir, "tiny.ron", TINY, "tiny", extra)
+}
+
+/// Writes `text` to `dir/file` and runs it (seed 3) into `dir/runs`; the exit code and the
+/// run directory of experiment `name`.
+fn run_file(dir: &Path, file: &str, text: &str, name: &str, extra: &[&str]) -> (u8, PathBuf) {
+    let file = write(dir, file, text);
     let runs = dir.join("runs");
     let runs_s = runs.to_string_lossy().into_owned();
     let mut args = vec![
@@ -97,7 +103,7 @@ fn run_tiny(dir: &Path, extra: &[&str]) -> (u8, PathBuf) {
         "--no-progress",
     ];
     args.extend_from_slice(extra);
-    (rlany(&args), runs.join("tiny").join("seed-3"))
+    (rlany(&args), runs.join(name).join("seed-3"))
 }
 
 #[test]
@@ -210,19 +216,8 @@ fn killed_and_resumed_run_writes_the_same_metrics() {
 fn resume_is_exact_with_a_learned_judge_and_the_gp_proposer() {
     let a = scratch("full-a");
     let b = scratch("full-b");
-    let run = |dir: &Path, extra: &[&str]| {
-        let file = write(dir, "full.ron", &tiny_full());
-        let runs = dir.join("runs").to_string_lossy().into_owned();
-        let mut args = vec![
-            "run",
-            file.as_str(),
-            "--runs-dir",
-            runs.as_str(),
-            "--no-progress",
-        ];
-        args.extend_from_slice(extra);
-        (rlany(&args), dir.join("runs/tiny_full/seed-3"))
-    };
+    let run =
+        |dir: &Path, extra: &[&str]| run_file(dir, "full.ron", &tiny_full(), "tiny_full", extra);
     let (ca, ra) = run(&a, &[]);
     assert_eq!(ca, 0);
     let (cb, rb) = run(&b, &["--stop-after", "3"]);
@@ -436,17 +431,7 @@ fn the_synthetic_judge_is_deterministic_resumes_exactly_and_refuses_bad_values()
     let a = scratch("oracle-a");
     let b = scratch("oracle-b");
     let run = |dir: &Path, extra: &[&str]| {
-        let file = write(dir, "oracle.ron", &tiny_oracle());
-        let runs = dir.join("runs").to_string_lossy().into_owned();
-        let mut args = vec![
-            "run",
-            file.as_str(),
-            "--runs-dir",
-            runs.as_str(),
-            "--no-progress",
-        ];
-        args.extend_from_slice(extra);
-        (rlany(&args), dir.join("runs/tiny_oracle/seed-3"))
+        run_file(dir, "oracle.ron", &tiny_oracle(), "tiny_oracle", extra)
     };
     let (ca, ra) = run(&a, &[]);
     assert_eq!(ca, 0);
