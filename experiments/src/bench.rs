@@ -106,7 +106,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
             #[cfg(feature = "wgpu")]
             {
                 type B = burn::backend::Autodiff<burn::backend::Wgpu>;
-                super::probe_device::<B>("wgpu", &Default::default())?;
+                super::device::probe::<B>("wgpu", &Default::default())?;
                 bench_backend::<B>(&args, &Default::default())
             }
             #[cfg(not(feature = "wgpu"))]
@@ -119,7 +119,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
             {
                 type B = burn::backend::Autodiff<burn::backend::Cuda>;
                 let device = burn::backend::cuda::CudaDevice::new(index);
-                super::probe_device::<B>(&format!("cuda:{index}"), &device)?;
+                super::device::probe::<B>(&format!("cuda:{index}"), &device)?;
                 bench_backend::<B>(&args, &device)
             }
             #[cfg(not(feature = "cuda"))]

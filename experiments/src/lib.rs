@@ -6,6 +6,7 @@
 
 mod bench;
 mod bench_models;
+pub mod device;
 mod envcmd;
 mod generate;
 pub mod overrides;
@@ -148,7 +149,8 @@ enum Command {
 }
 
 /// Runs the command line `args` (program name first) and returns the process exit code:
-/// 0 on success, 2 on bad input (experiment file, option), 1 on a failure while running.
+/// 0 on success, 2 on bad input (experiment file, option) or a backend this machine cannot
+/// start, 1 on a failure while running.
 pub fn cli_main<I, T>(args: I) -> u8
 where
     I: IntoIterator<Item = T>,
@@ -168,10 +170,12 @@ where
             for cause in e.chain().skip(1) {
                 eprintln!("  caused by: {cause}");
             }
-            // Bad input (an experiment file, an option) exits 2; failures while running, 1.
+            // Bad input (an experiment file, an option) and a backend that cannot start exit 2;
+            // failures while running, 1.
             let bad_input = e.chain().any(|c| {
                 c.is::<ExperimentError>()
                     || c.is::<UsageError>()
+                    || c.is::<device::BackendUnavailable>()
                     || c.is::<rlany_reports::ReportError>()
             });
             if bad_input { 2 } else { 1 }
@@ -376,64 +380,6 @@ fn seed_of_run_dir(dir: &Path) -> Result<u64> {
         })
 }
 
-/// Starts `device` with one tiny read, once per backend and process, and turns a failed
-/// start (no driver, no adapter: the GPU backends then panic, often on a worker thread) into
-/// an error quoting the first panic message instead of a stack of panics.
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-pub(crate) fn probe_device<B: burn::prelude::Backend>(
-    backend: &str,
-    device: &B::Device,
-) -> Result<()> {
-    use std::collections::BTreeMap;
-    use std::sync::{Arc, Mutex, OnceLock};
-    static PROBED: OnceLock<Mutex<BTreeMap<String, Result<(), String>>>> = OnceLock::new();
-    let probed = PROBED.get_or_init(|| Mutex::new(BTreeMap::new()));
-    let mut done = probed
-        .lock()
-        .map_err(|_| anyhow::anyhow!("backend probe poisoned"))?;
-    let outcome = done.entry(backend.to_string()).or_insert_with(|| {
-        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
-        let previous = std::panic::take_hook();
-        let record = Arc::clone(&seen);
-        std::panic::set_hook(Box::new(move |info| {
-            let payload = info.payload();
-            let text = payload
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "panic".into());
-            if let Ok(mut s) = record.lock() {
-                s.push(text);
-            }
-        }));
-        let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            burn::prelude::Tensor::<B, 1>::zeros([1], device).into_data()
-        }))
-        .is_ok();
-        std::panic::set_hook(previous);
-        if started {
-            Ok(())
-        } else {
-            let first = seen
-                .lock()
-                .ok()
-                .and_then(|s| s.first().cloned())
-                .unwrap_or_else(|| "no message".into());
-            let line: String = first
-                .lines()
-                .next()
-                .unwrap_or("")
-                .chars()
-                .take(400)
-                .collect();
-            Err(format!(
-                "backend {backend} could not start on this machine: {line}"
-            ))
-        }
-    });
-    outcome.clone().map_err(|e| anyhow::anyhow!(e))
-}
-
 /// Runs (or resumes) one seed of `exp` on the backend it names.
 pub fn run(exp: &Experiment, seed: u64, opts: &TrainOptions) -> Result<RunSummary> {
     match exp.backend {
@@ -449,7 +395,7 @@ pub fn run(exp: &Experiment, seed: u64, opts: &TrainOptions) -> Result<RunSummar
             #[cfg(feature = "wgpu")]
             {
                 type B = Autodiff<burn::backend::Wgpu>;
-                probe_device::<B>("wgpu", &Default::default())?;
+                device::probe::<B>("wgpu", &Default::default())?;
                 run_seed::<B>(exp, seed, &Default::default(), opts)
             }
             #[cfg(not(feature = "wgpu"))]
@@ -463,7 +409,7 @@ pub fn run(exp: &Experiment, seed: u64, opts: &TrainOptions) -> Result<RunSummar
             {
                 type B = Autodiff<burn::backend::Cuda>;
                 let device = burn::backend::cuda::CudaDevice::new(index);
-                probe_device::<B>(&format!("cuda:{index}"), &device)?;
+                device::probe::<B>(&format!("cuda:{index}"), &device)?;
                 run_seed::<B>(exp, seed, &device, opts)
             }
             #[cfg(not(feature = "cuda"))]

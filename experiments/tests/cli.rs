@@ -1,0 +1,159 @@
+//! Tests that need the real `rlany` executable rather than `cli_main` in-process (the
+//! workspace's end-to-end tests live in tests/e2e.rs): the device script, which calls the
+//! binary from bash, and a backend that cannot start, whose driver state is per process.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rlany-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root")
+        .to_path_buf()
+}
+
+/// reports/perf/device.sh stays runnable on a CPU (`BACKENDS=ndarray QUICK=1 ANCHOR=0`):
+/// every step runs, one merged JSON holds every workload, and the report is written.
+#[test]
+fn the_device_script_runs_on_the_cpu() {
+    let dir = scratch("device-sh");
+    let bins = dir.join("bin");
+    let out = dir.join("out");
+    std::fs::create_dir_all(&bins).expect("bin dir");
+    std::fs::copy(env!("CARGO_BIN_EXE_rlany"), bins.join("rlany")).expect("copy rlany");
+    let status = Command::new("bash")
+        .arg(repo_root().join("reports/perf/device.sh"))
+        .current_dir(repo_root())
+        .env("OUT", &out)
+        .env("DIR", &bins)
+        .env("BACKENDS", "ndarray")
+        .env("QUICK", "1")
+        .env("ANCHOR", "0")
+        .env("CAP", "240")
+        .env("DEADLINE", "1200")
+        .status()
+        .expect("bash runs");
+    let log = std::fs::read_to_string(out.join("device.log")).unwrap_or_default();
+    assert!(status.success(), "device.sh failed:\n{log}");
+    assert!(!log.contains("exited"), "a step failed:\n{log}");
+    assert!(log.contains("] done"), "the script did not finish:\n{log}");
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("ndarray.json")).expect("ndarray.json"),
+    )
+    .expect("valid JSON");
+    let names: Vec<&str> = json["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .filter_map(|r| r["name"].as_str())
+        .collect();
+    for want in [
+        "K1_fwd_V4096_f32",
+        "R_small@quick",
+        "T_small@quick",
+        "C_tiny_R@quick",
+        "C_tiny_T",
+    ] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+    assert!(
+        !dir.join("out/parts").exists(),
+        "the per-step parts are removed"
+    );
+    let report = std::fs::read_to_string(out.join("report/report.md")).expect("report.md");
+    assert!(report.contains("C_tiny_T"), "{report}");
+    assert!(out.join("report/figures/bench.svg").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `rlany` with `args` and extra environment; exit code, stderr, and whether a run
+/// directory was made under `runs`.
+fn rlany(args: &[&str], env: &[(&str, &str)], runs: &Path) -> (i32, String, bool) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rlany"));
+    cmd.args(args)
+        .arg("--runs-dir")
+        .arg(runs)
+        .arg("--no-progress")
+        .current_dir(repo_root());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("rlany runs");
+    let made = runs.exists()
+        && std::fs::read_dir(runs)
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false);
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        made,
+    )
+}
+
+/// `--backend cuda` on a machine without the NVIDIA driver (or a binary without CUDA) is one
+/// clear error, exit 2, before any run directory exists.
+#[test]
+fn cuda_without_a_driver_is_a_clear_error() {
+    let has_driver = ["/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1"]
+        .iter()
+        .any(|p| Path::new(p).exists());
+    if cfg!(feature = "cuda") && has_driver {
+        eprintln!("skipped: this machine has an NVIDIA driver");
+        return;
+    }
+    let dir = scratch("no-cuda");
+    let runs = dir.join("runs");
+    let (code, err, made) = rlany(
+        &["run", "experiments/quickstart.ron", "--backend", "cuda"],
+        // An empty loader path, so that a driver outside the standard folders is not found.
+        &[("LD_LIBRARY_PATH", "")],
+        &runs,
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(!made, "a run directory was made: {err}");
+    if cfg!(feature = "cuda") {
+        assert!(err.contains("backend cuda:0 cannot start"), "{err}");
+        assert!(err.contains("libcuda.so"), "{err}");
+        assert!(err.contains("Install the NVIDIA driver"), "{err}");
+    } else {
+        assert!(err.contains("--features cuda"), "{err}");
+    }
+    assert!(!err.contains("panicked"), "a panic reached the user: {err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--backend wgpu` where no Vulkan driver answers (the driver list pointed at nothing) is
+/// one clear error, exit 2, before any run directory exists.
+#[test]
+fn wgpu_without_a_vulkan_driver_is_a_clear_error() {
+    let dir = scratch("no-vulkan");
+    let runs = dir.join("runs");
+    let missing = dir.join("no-such-icd.json");
+    let missing = missing.to_string_lossy();
+    let (code, err, made) = rlany(
+        &["run", "experiments/quickstart.ron", "--backend", "wgpu"],
+        &[
+            ("VK_ICD_FILENAMES", &*missing),
+            ("VK_DRIVER_FILES", &*missing),
+            ("WGPU_BACKEND", "vulkan"),
+        ],
+        &runs,
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(!made, "a run directory was made: {err}");
+    if cfg!(feature = "wgpu") {
+        assert!(err.contains("backend wgpu cannot start"), "{err}");
+        assert!(err.contains("Vulkan driver"), "{err}");
+    } else {
+        assert!(err.contains("--features wgpu"), "{err}");
+    }
+    assert!(!err.contains("panicked"), "a panic reached the user: {err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
