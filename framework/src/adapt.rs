@@ -398,6 +398,12 @@ pub struct AdaptCounts {
     /// Proposals not made because the rewrite left the task unchanged.
     #[serde(default)]
     pub unchanged: usize,
+    /// Accepted proposals that made the slot harder.
+    #[serde(default)]
+    pub accepted_harder: usize,
+    /// Accepted proposals that made the slot easier.
+    #[serde(default)]
+    pub accepted_easier: usize,
 }
 
 impl AdaptSlot {
@@ -456,6 +462,10 @@ impl AdaptSlot {
             self.difficulty = pending.difficulty;
             self.recent = vec![new];
             counts.accepted += 1;
+            match pending.direction {
+                Direction::Harder => counts.accepted_harder += 1,
+                Direction::Easier => counts.accepted_easier += 1,
+            }
         } else {
             counts.rejected += 1;
         }
@@ -714,7 +724,18 @@ mod tests {
                 accepted: 1,
                 rejected: 1,
                 unchanged: 1,
+                accepted_harder: 1,
+                accepted_easier: 0,
             }
+        );
+        // Still too hard: the next easier proposal lands in band and is accepted; the counts
+        // say in which direction each accepted proposal moved the slot.
+        let dir = slot.maybe_propose(&ctx(&fb, 6), &mut t, &mut rng, &mut counts, |_| true);
+        assert_eq!(dir, Some(Direction::Easier));
+        assert_eq!(slot.resolve(0.125, (3, 8), BAND, &mut counts), Some(true));
+        assert_eq!(
+            (counts.accepted, counts.accepted_harder, counts.accepted_easier),
+            (2, 1, 1)
         );
     }
 

@@ -480,6 +480,10 @@ pub struct JudgeWarmStart {
     pub batch: usize,
     /// AdamW learning rate.
     pub lr: f64,
+    /// Class-balanced batches: half of each batch from steps labelled right, half from steps
+    /// labelled wrong (as the labels say, noise included), so the judge does not learn the
+    /// label prior; `false` draws from all labels alike.
+    pub balanced: bool,
 }
 
 impl Default for JudgeWarmStart {
@@ -490,6 +494,7 @@ impl Default for JudgeWarmStart {
             steps: 150,
             batch: 32,
             lr: 3e-3,
+            balanced: false,
         }
     }
 }
@@ -508,6 +513,9 @@ pub struct RewardSpec {
     pub policy_band: (f64, f64),
     /// Judge data is kept only from tasks whose group accuracy lies in this closed band.
     pub judge_band: (f64, f64),
+    /// How the consistency samples are weighed across episode outcomes (`Paper`: the
+    /// paper's `R·S`; `Balanced`: steps of successful and failed episodes weigh the same).
+    pub consistency: crate::reward::Consistency,
 }
 
 impl Default for RewardSpec {
@@ -518,6 +526,7 @@ impl Default for RewardSpec {
             votes: 3,
             policy_band: (0.125, 0.875),
             judge_band: (0.2, 0.8),
+            consistency: crate::reward::Consistency::Paper,
         }
     }
 }

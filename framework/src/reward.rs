@@ -70,6 +70,32 @@ pub fn verdict_advantages(r_step: f64, verdicts: &[Verdict]) -> Option<Vec<f64>>
     zscore(&consistency_rewards(r_step, verdicts))
 }
 
+/// How the judge's consistency samples are weighed across episode outcomes
+/// (`reward: (consistency: ...)`; framework/METHOD.md, step 5 and "The class-balanced
+/// consistency reward").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Consistency {
+    /// The paper's `R·S`: every judged step weighs the same.
+    #[default]
+    Paper,
+    /// `R·S`, with the steps of successful and of failed episodes weighing the same in each
+    /// update: each step's verdict advantages are multiplied by its outcome's
+    /// [`class_weights`], so the judge is not pulled towards the training success rate.
+    Balanced,
+}
+
+/// The weights `(w_solved, w_failed)` that give `solved` steps of successful episodes and
+/// `failed` steps of failed episodes the same total weight, `(solved + failed) / 2` each,
+/// keeping the update's total weight: `w = n / (2 n_class)`. With only one class present
+/// nothing can be balanced: `(1, 1)`.
+pub fn class_weights(solved: usize, failed: usize) -> (f64, f64) {
+    if solved == 0 || failed == 0 {
+        return (1.0, 1.0);
+    }
+    let n = (solved + failed) as f64;
+    (n / (2.0 * solved as f64), n / (2.0 * failed as f64))
+}
+
 /// Majority verdict: the sign of the sum (0 on a tie or when every verdict is invalid).
 pub fn majority(verdicts: &[Verdict]) -> Verdict {
     let sum: i32 = verdicts.iter().map(|&s| i32::from(s)).sum();
@@ -108,6 +134,19 @@ mod tests {
         assert!((r[0] - 4.0 / 3.0).abs() < 1e-12);
         assert!((r[1] + 4.0 / 3.0).abs() < 1e-12);
         assert_eq!(r[2], -2.0);
+    }
+
+    #[test]
+    fn class_weights_hand_computed() {
+        // 1 solved step, 3 failed: n = 4, w = 4/2 = 2 and 4/6 = 2/3; totals 2 and 2.
+        let (ws, wf) = class_weights(1, 3);
+        assert!((ws - 2.0).abs() < 1e-12 && (wf - 2.0 / 3.0).abs() < 1e-12);
+        assert!((ws * 1.0 - wf * 3.0).abs() < 1e-12);
+        // Already balanced: 1 and 1.
+        assert_eq!(class_weights(5, 5), (1.0, 1.0));
+        // One class absent: nothing to balance.
+        assert_eq!(class_weights(0, 7), (1.0, 1.0));
+        assert_eq!(class_weights(4, 0), (1.0, 1.0));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::advantage::{accuracy, group_step_advantages, in_band};
 use crate::env::{Difficulty, Environment, Episode, Split};
 use crate::judge::JudgedStep;
 use crate::ppo::{Sample, Unit, UpdateStats};
-use crate::reward::{self, Verdict};
+use crate::reward::{self, Consistency, Verdict};
 use crate::rng::Rng;
 use crate::rollout::Trajectory;
 use crate::rundir::Metrics;
@@ -285,20 +285,35 @@ pub fn policy_samples(batch: &mut StepBatch, reward: &crate::experiment::RewardS
 
 /// Phase 5b, the judge's consistency samples: for every judged step of a group inside
 /// `judge_band`, each verdict's consistency reward `R·S` z-scored over the m verdicts; one
-/// sample per verdict token. Needs `step_rewards`.
-pub fn judge_samples(batch: &mut StepBatch, judge_band: (f64, f64)) {
+/// sample per verdict token. With [`Consistency::Balanced`] the advantages of a step are
+/// multiplied by its episode outcome's [`reward::class_weights`], counted over the steps
+/// that carry signal. Needs `step_rewards`.
+pub fn judge_samples(batch: &mut StepBatch, judge_band: (f64, f64), consistency: Consistency) {
     batch.judge_samples.clear();
     batch.judge_trained.clear();
+    // (judged step, its episode's outcome, its verdicts' advantages) for each step with signal.
+    let mut signal: Vec<(usize, bool, Vec<f64>)> = Vec::new();
     for (k, js) in batch.judged.iter().enumerate() {
-        let g = &batch.groups[batch.trajs[js.traj].task];
-        if !in_band(g.acc, judge_band) {
+        let traj = &batch.trajs[js.traj];
+        if !in_band(batch.groups[traj.task].acc, judge_band) {
             continue;
         }
         batch.judge_trained.push(k);
         let r = batch.step_rewards[js.traj][js.step];
-        let Some(adv) = reward::verdict_advantages(r, &js.verdicts) else {
-            continue;
-        };
+        if let Some(adv) = reward::verdict_advantages(r, &js.verdicts) {
+            signal.push((k, traj.outcome, adv));
+        }
+    }
+    let (w_solved, w_failed) = match consistency {
+        Consistency::Paper => (1.0, 1.0),
+        Consistency::Balanced => {
+            let solved = signal.iter().filter(|(_, o, _)| *o).count();
+            reward::class_weights(solved, signal.len() - solved)
+        }
+    };
+    for (k, outcome, adv) in signal {
+        let js = &batch.judged[k];
+        let w = if outcome { w_solved } else { w_failed };
         for (token, a) in js.tokens.iter().zip(adv) {
             let mut tokens = js.prompt.clone();
             tokens.push(*token);
@@ -308,7 +323,7 @@ pub fn judge_samples(batch: &mut StepBatch, judge_band: (f64, f64)) {
                 units: vec![Unit {
                     start: n - 1,
                     end: n,
-                    adv: a,
+                    adv: w * a,
                 }],
             });
         }
@@ -434,6 +449,8 @@ pub fn step_metrics(
     m.set("env/accepted", counts.accepted as f64);
     m.set("env/rejected", counts.rejected as f64);
     m.set("env/unchanged", counts.unchanged as f64);
+    m.set("env/accepted_harder", counts.accepted_harder as f64);
+    m.set("env/accepted_easier", counts.accepted_easier as f64);
     m.set("policy/kept_groups", batch.kept_groups as f64);
     let used_tokens: usize = used
         .iter()
@@ -843,7 +860,7 @@ mod tests {
             },
         ];
         policy_samples(&mut batch, &reward(1.0, (0.0, 1.0)));
-        judge_samples(&mut batch, (0.2, 0.8));
+        judge_samples(&mut batch, (0.2, 0.8), Consistency::Paper);
         // Only traj 0's step (group 0, acc 0.5) is in the judge band; R = 1 + 1/3 = 4/3;
         // consistency rewards (4/3, 4/3, −4/3) → z-scores (1/√2, 1/√2, −√2).
         assert_eq!(batch.judge_samples.len(), 3);
@@ -861,6 +878,71 @@ mod tests {
             ),
             (2, 3)
         );
+    }
+
+    #[test]
+    fn balanced_consistency_weighs_solved_and_failed_steps_the_same() {
+        let mut batch = two_groups();
+        // Group 0 (acc 0.5): the solved episode has one step, the failed one three.
+        batch.trajs[1] = traj(0, false, &[(3, 6, &[0]), (6, 8, &[0]), (8, 9, &[0])]);
+        batch.verdicts = vec![
+            vec![vec![1, 1, -1]],
+            vec![vec![1, -1, -1]; 3],
+            vec![vec![]],
+            vec![vec![]],
+        ];
+        let judged = |traj, step, verdicts: Vec<Verdict>| JudgedStep {
+            traj,
+            step,
+            prompt: vec![1, 2],
+            tokens: verdicts.iter().map(|&v| if v > 0 { 10 } else { 11 }).collect(),
+            verdicts,
+        };
+        batch.judged = vec![
+            judged(0, 0, vec![1, 1, -1]),
+            judged(1, 0, vec![1, -1, -1]),
+            judged(1, 1, vec![1, -1, -1]),
+            judged(1, 2, vec![1, -1, -1]),
+        ];
+        policy_samples(&mut batch, &reward(1.0, (0.0, 1.0)));
+        let h = std::f64::consts::FRAC_1_SQRT_2;
+        // Solved step: R = 1 + 1/3 = 4/3, rewards (4/3, 4/3, −4/3) → z (h, h, −2h).
+        // Failed steps: R = −1 − 1/3 = −4/3, rewards (−4/3, 4/3, 4/3) → z (−2h, h, h).
+        let solved = [h, h, -2.0 * h];
+        let failed = [-2.0 * h, h, h];
+        let advs = |b: &StepBatch| -> Vec<f64> {
+            b.judge_samples.iter().map(|s| s.units[0].adv).collect()
+        };
+        judge_samples(&mut batch, (0.2, 0.8), Consistency::Paper);
+        let paper = advs(&batch);
+        assert_eq!(paper.len(), 12);
+        let want: Vec<f64> = solved.iter().chain(failed.iter().cycle().take(9)).copied().collect();
+        for (a, w) in paper.iter().zip(&want) {
+            assert!((a - w).abs() < 1e-9, "{paper:?}");
+        }
+        // Balanced: 1 solved step and 3 failed ones → weights 4/2 = 2 and 4/6 = 2/3, so each
+        // outcome's steps weigh 2 in all.
+        judge_samples(&mut batch, (0.2, 0.8), Consistency::Balanced);
+        let balanced = advs(&batch);
+        for (i, (a, w)) in balanced.iter().zip(&want).enumerate() {
+            let weight = if i < 3 { 2.0 } else { 2.0 / 3.0 };
+            assert!((a - weight * w).abs() < 1e-9, "{balanced:?}");
+        }
+        // The update's net pull on `+`, the summed advantage of the `+` votes: towards `−`
+        // under the paper's weights, because failed steps outnumber solved ones; none when
+        // balanced.
+        let plus_total = |adv: &[f64]| -> f64 {
+            batch
+                .judge_samples
+                .iter()
+                .zip(adv)
+                .filter(|(s, _)| s.tokens.last() == Some(&10))
+                .map(|(_, a)| a)
+                .sum()
+        };
+        // Paper: solved (h + h) + failed 3 × (−2h) = −4h. Balanced: 2·2h + (2/3)·3·(−2h) = 0.
+        assert!((plus_total(&paper) + 4.0 * h).abs() < 1e-9);
+        assert!(plus_total(&balanced).abs() < 1e-9);
     }
 
     #[test]

@@ -548,9 +548,23 @@ where
             kernels: self.cfg.kernels,
             shards: self.cfg.shards,
         };
+        // Class-balanced batches alternate a right-labelled and a wrong-labelled example
+        // (when both classes exist); otherwise examples are drawn uniformly.
+        let by_class: [Vec<usize>; 2] = [false, true].map(|class| {
+            (0..pool.len()).filter(|&i| pool[i].1 == class).collect()
+        });
+        let balanced = ws.balanced && by_class.iter().all(|c| !c.is_empty());
         let (judge, loss) = supervised(judge, self.tok, &sft, self.device, |_| {
             (0..ws.batch.min(examples.len()))
-                .map(|_| examples[rng.below(examples.len())].clone())
+                .map(|k| {
+                    let i = if balanced {
+                        let class = &by_class[k % 2];
+                        class[rng.below(class.len())]
+                    } else {
+                        rng.below(examples.len())
+                    };
+                    examples[i].clone()
+                })
                 .collect()
         })
         .map_err(non_finite(0, "judge warm-start"))?;
@@ -681,7 +695,7 @@ where
         let rw = &self.cfg.reward;
         step::policy_samples(batch, rw);
         if self.cfg.judge.trained() {
-            step::judge_samples(batch, rw.judge_band);
+            step::judge_samples(batch, rw.judge_band, rw.consistency);
         }
     }
 

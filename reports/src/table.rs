@@ -58,7 +58,7 @@ impl Column {
 pub const ACCEPT_RATE: &str = "accepted-proposal rate";
 
 /// Every column the table can have; those no run logs are left out.
-pub const COLUMNS: [Column; 9] = [
+pub const COLUMNS: [Column; 11] = [
     Column {
         header: "acc ID",
         keys: &["eval/acc_id"],
@@ -104,6 +104,18 @@ pub const COLUMNS: [Column; 9] = [
     Column {
         header: "proposals rejected",
         keys: &["env/rejected"],
+        kind: ColumnKind::Count,
+        value: ColumnValue::FirstKey,
+    },
+    Column {
+        header: "accepted harder",
+        keys: &["env/accepted_harder"],
+        kind: ColumnKind::Count,
+        value: ColumnValue::FirstKey,
+    },
+    Column {
+        header: "accepted easier",
+        keys: &["env/accepted_easier"],
         kind: ColumnKind::Count,
         value: ColumnValue::FirstKey,
     },
