@@ -109,9 +109,7 @@ pub(crate) fn probe<B: burn::prelude::Backend>(
             Err(explain(backend, &first))
         }
     });
-    outcome
-        .clone()
-        .map_err(|e| BackendUnavailable(e).into())
+    outcome.clone().map_err(|e| BackendUnavailable(e).into())
 }
 
 #[cfg(test)]
@@ -126,7 +124,10 @@ mod tests {
     #[test]
     fn a_missing_cuda_driver_names_libcuda_and_the_fix() {
         let m = explain("cuda:0", NO_LIBCUDA);
-        assert!(m.starts_with("backend cuda:0 cannot start on this machine"), "{m}");
+        assert!(
+            m.starts_with("backend cuda:0 cannot start on this machine"),
+            "{m}"
+        );
         assert!(m.contains("libcuda.so.1"), "{m}");
         assert!(m.contains("Install the NVIDIA driver"), "{m}");
         assert!(m.contains("LD_LIBRARY_PATH"), "{m}");
@@ -143,7 +144,10 @@ mod tests {
 
     #[test]
     fn no_device_and_an_unknown_cuda_failure_get_their_own_advice() {
-        let m = explain("cuda:3", "DriverError(CUDA_ERROR_INVALID_DEVICE, \"invalid device ordinal\")");
+        let m = explain(
+            "cuda:3",
+            "DriverError(CUDA_ERROR_INVALID_DEVICE, \"invalid device ordinal\")",
+        );
         assert!(m.contains("sees no such GPU"), "{m}");
         let m = explain("cuda:0", "DriverError(CUDA_ERROR_UNSUPPORTED_PTX_VERSION)");
         assert!(m.contains("CUDARC_CUDA_VERSION"), "{m}");
@@ -158,6 +162,11 @@ mod tests {
         );
         assert!(m.contains("Vulkan driver"), "{m}");
         assert!(m.contains("mesa-vulkan-drivers"), "{m}");
-        assert!(m.ends_with("cause: No possible adapter available for backend. Falling back to first available."), "{m}");
+        assert!(
+            m.ends_with(
+                "cause: No possible adapter available for backend. Falling back to first available."
+            ),
+            "{m}"
+        );
     }
 }

@@ -734,7 +734,11 @@ mod tests {
         assert_eq!(dir, Some(Direction::Easier));
         assert_eq!(slot.resolve(0.125, (3, 8), BAND, &mut counts), Some(true));
         assert_eq!(
-            (counts.accepted, counts.accepted_harder, counts.accepted_easier),
+            (
+                counts.accepted,
+                counts.accepted_harder,
+                counts.accepted_easier
+            ),
             (2, 1, 1)
         );
     }

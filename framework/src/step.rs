@@ -895,7 +895,10 @@ mod tests {
             traj,
             step,
             prompt: vec![1, 2],
-            tokens: verdicts.iter().map(|&v| if v > 0 { 10 } else { 11 }).collect(),
+            tokens: verdicts
+                .iter()
+                .map(|&v| if v > 0 { 10 } else { 11 })
+                .collect(),
             verdicts,
         };
         batch.judged = vec![
@@ -916,7 +919,11 @@ mod tests {
         judge_samples(&mut batch, (0.2, 0.8), Consistency::Paper);
         let paper = advs(&batch);
         assert_eq!(paper.len(), 12);
-        let want: Vec<f64> = solved.iter().chain(failed.iter().cycle().take(9)).copied().collect();
+        let want: Vec<f64> = solved
+            .iter()
+            .chain(failed.iter().cycle().take(9))
+            .copied()
+            .collect();
         for (a, w) in paper.iter().zip(&want) {
             assert!((a - w).abs() < 1e-9, "{paper:?}");
         }

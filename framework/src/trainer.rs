@@ -550,9 +550,8 @@ where
         };
         // Class-balanced batches alternate a right-labelled and a wrong-labelled example
         // (when both classes exist); otherwise examples are drawn uniformly.
-        let by_class: [Vec<usize>; 2] = [false, true].map(|class| {
-            (0..pool.len()).filter(|&i| pool[i].1 == class).collect()
-        });
+        let by_class: [Vec<usize>; 2] =
+            [false, true].map(|class| (0..pool.len()).filter(|&i| pool[i].1 == class).collect());
         let balanced = ws.balanced && by_class.iter().all(|c| !c.is_empty());
         let (judge, loss) = supervised(judge, self.tok, &sft, self.device, |_| {
             (0..ws.batch.min(examples.len()))
