@@ -101,9 +101,12 @@ fn rlany(args: &[&str], env: &[(&str, &str)], runs: &Path) -> (i32, String, bool
 /// clear error, exit 2, before any run directory exists.
 #[test]
 fn cuda_without_a_driver_is_a_clear_error() {
-    let has_driver = ["/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1"]
-        .iter()
-        .any(|p| Path::new(p).exists());
+    let has_driver = [
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        "/usr/lib64/libcuda.so.1",
+    ]
+    .iter()
+    .any(|p| Path::new(p).exists());
     if cfg!(feature = "cuda") && has_driver {
         eprintln!("skipped: this machine has an NVIDIA driver");
         return;
