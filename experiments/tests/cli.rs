@@ -97,6 +97,37 @@ fn rlany(args: &[&str], env: &[(&str, &str)], runs: &Path) -> (i32, String, bool
     )
 }
 
+/// Runs the quickstart on `backend` with `env` and checks that it is refused the way a
+/// backend that cannot start must be: exit 2, no run directory, no panic text, and a message
+/// containing each of `expected` when the backend is compiled in (`compiled`), else the
+/// `--features <feature>` hint.
+fn assert_refused(
+    tag: &str,
+    backend: &str,
+    env: &[(&str, &str)],
+    compiled: bool,
+    expected: &[&str],
+) {
+    let dir = scratch(tag);
+    let runs = dir.join("runs");
+    let (code, err, made) = rlany(
+        &["run", "experiments/quickstart.ron", "--backend", backend],
+        env,
+        &runs,
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(!made, "a run directory was made: {err}");
+    if compiled {
+        for want in expected {
+            assert!(err.contains(want), "{want:?} missing: {err}");
+        }
+    } else {
+        assert!(err.contains(&format!("--features {backend}")), "{err}");
+    }
+    assert!(!err.contains("panicked"), "a panic reached the user: {err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `--backend cuda` on a machine without the NVIDIA driver (or a binary without CUDA) is one
 /// clear error, exit 2, before any run directory exists.
 #[test]
@@ -111,52 +142,36 @@ fn cuda_without_a_driver_is_a_clear_error() {
         eprintln!("skipped: this machine has an NVIDIA driver");
         return;
     }
-    let dir = scratch("no-cuda");
-    let runs = dir.join("runs");
-    let (code, err, made) = rlany(
-        &["run", "experiments/quickstart.ron", "--backend", "cuda"],
+    assert_refused(
+        "no-cuda",
+        "cuda",
         // An empty loader path, so that a driver outside the standard folders is not found.
         &[("LD_LIBRARY_PATH", "")],
-        &runs,
+        cfg!(feature = "cuda"),
+        &[
+            "backend cuda:0 cannot start",
+            "libcuda.so",
+            "Install the NVIDIA driver",
+        ],
     );
-    assert_eq!(code, 2, "{err}");
-    assert!(!made, "a run directory was made: {err}");
-    if cfg!(feature = "cuda") {
-        assert!(err.contains("backend cuda:0 cannot start"), "{err}");
-        assert!(err.contains("libcuda.so"), "{err}");
-        assert!(err.contains("Install the NVIDIA driver"), "{err}");
-    } else {
-        assert!(err.contains("--features cuda"), "{err}");
-    }
-    assert!(!err.contains("panicked"), "a panic reached the user: {err}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `--backend wgpu` where no Vulkan driver answers (the driver list pointed at nothing) is
 /// one clear error, exit 2, before any run directory exists.
 #[test]
 fn wgpu_without_a_vulkan_driver_is_a_clear_error() {
-    let dir = scratch("no-vulkan");
-    let runs = dir.join("runs");
-    let missing = dir.join("no-such-icd.json");
+    let missing =
+        std::env::temp_dir().join(format!("rlany-no-such-icd-{}.json", std::process::id()));
     let missing = missing.to_string_lossy();
-    let (code, err, made) = rlany(
-        &["run", "experiments/quickstart.ron", "--backend", "wgpu"],
+    assert_refused(
+        "no-vulkan",
+        "wgpu",
         &[
             ("VK_ICD_FILENAMES", &*missing),
             ("VK_DRIVER_FILES", &*missing),
             ("WGPU_BACKEND", "vulkan"),
         ],
-        &runs,
+        cfg!(feature = "wgpu"),
+        &["backend wgpu cannot start", "Vulkan driver"],
     );
-    assert_eq!(code, 2, "{err}");
-    assert!(!made, "a run directory was made: {err}");
-    if cfg!(feature = "wgpu") {
-        assert!(err.contains("backend wgpu cannot start"), "{err}");
-        assert!(err.contains("Vulkan driver"), "{err}");
-    } else {
-        assert!(err.contains("--features wgpu"), "{err}");
-    }
-    assert!(!err.contains("panicked"), "a panic reached the user: {err}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

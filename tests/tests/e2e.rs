@@ -883,19 +883,15 @@ fn fused_and_reference_agree_on(backend: &str, algorithm: &str) {
             .replace("steps: 6, tasks_per_step", "steps: 3, tasks_per_step")
             .replace("warm_start: (steps: 120", "warm_start: (steps: 60")
             .replace("\n)\n", &format!("\n    kernels: {kernels},\n)\n"));
-        let file = write(&dir, &format!("{kernels}.ron"), &text);
-        let runs = dir.join("runs").to_string_lossy().into_owned();
-        let code = rlany(&[
-            "run",
-            &file,
-            "--runs-dir",
-            &runs,
-            "--no-progress",
-            "--backend",
-            backend,
-        ]);
+        let (code, run) = run_file(
+            &dir,
+            &format!("{kernels}.ron"),
+            &text,
+            &format!("tiny_{kernels}"),
+            &["--backend", backend],
+        );
         assert_eq!(code, 0, "{kernels} on {backend}");
-        logs.push(metrics(&dir.join(format!("runs/tiny_{kernels}/seed-3"))));
+        logs.push(metrics(&run));
     }
     assert!(
         logs[0].iter().any(|m| m.get("policy/updates").is_some()),
@@ -1003,11 +999,15 @@ fn two_shards_run_the_full_system_deterministically() {
             .replace("name: \"tiny_full\"", &format!("name: \"shards_{tag}\""))
             .replace("steps: 6, tasks_per_step", "steps: 3, tasks_per_step")
             .replace("\n)\n", "\n    shards: 2,\n)\n");
-        let file = write(&dir, &format!("{tag}.ron"), &text);
-        let runs = dir.join("runs").to_string_lossy().into_owned();
-        let code = rlany(&["run", &file, "--runs-dir", &runs, "--no-progress"]);
+        let (code, run) = run_file(
+            &dir,
+            &format!("{tag}.ron"),
+            &text,
+            &format!("shards_{tag}"),
+            &[],
+        );
         assert_eq!(code, 0, "{tag}");
-        logs.push(metrics(&dir.join(format!("runs/shards_{tag}/seed-3"))));
+        logs.push(metrics(&run));
     }
     assert!(
         logs[0].iter().any(|m| m.get("policy/updates").is_some())
