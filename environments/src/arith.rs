@@ -22,7 +22,9 @@
 //! so an `n`-operand task takes the expert exactly `n` steps. The outcome is sparse: only the
 //! answer line decides it. An episode ends at the answer line or after
 //! [`ArithEpisode::max_steps`] `= 2n + 2` steps. Actions are trimmed of surrounding
-//! whitespace; an action longer than [`Arith::max_action_chars`] is a wasted step, and so is
+//! whitespace, and the unambiguous spaced forms a chat model writes are accepted too:
+//! `52 - 8 = 44` (spaces or tabs around the operator and `=`, never inside a number) and
+//! `A: 80`; an action longer than [`Arith::max_action_chars`] is a wasted step, and so is
 //! any line that does not parse (garbage, however long, never panics).
 //!
 //! # Difficulty space (3 dims, each clamped to `[0, 1]`, NaN → 0, missing → 0)
@@ -674,23 +676,44 @@ struct Line {
     c: i64,
 }
 
+/// Advances `*i` past ASCII spaces and tabs.
+fn skip_spaces(bytes: &[u8], i: &mut usize) {
+    while matches!(bytes.get(*i), Some(b' ' | b'\t')) {
+        *i += 1;
+    }
+}
+
+/// `a<op>b=c`, with optional spaces or tabs around the operator and the `=` (the form a chat
+/// model writes, `36 + 1 = 37`). A number is never split: `3 6+1=37` does not parse, and a
+/// negative number's `-` touches its digits.
 fn parse_line(s: &str) -> Option<Line> {
     let bytes = s.as_bytes();
     let mut i = 0;
     let a = parse_signed(bytes, &mut i)?;
+    skip_spaces(bytes, &mut i);
     let op = match bytes.get(i) {
         Some(b'+') => Op::Add,
         Some(b'-') => Op::Sub,
         _ => return None,
     };
     i += 1;
+    skip_spaces(bytes, &mut i);
     let b = parse_digits(bytes, &mut i)?;
+    skip_spaces(bytes, &mut i);
     if bytes.get(i) != Some(&b'=') {
         return None;
     }
     i += 1;
+    skip_spaces(bytes, &mut i);
     let c = parse_signed(bytes, &mut i)?;
     (i == bytes.len()).then_some(Line { a, op, b, c })
+}
+
+/// The value of an answer line `A:<value>` (spaces allowed after `A`, after `:`: `A: 80`).
+fn parse_answer(s: &str) -> Option<Option<i64>> {
+    let rest = s.strip_prefix('A')?.trim_start_matches([' ', '\t']);
+    let rest = rest.strip_prefix(':')?;
+    Some(parse_int(rest.trim_start_matches([' ', '\t'])))
 }
 
 /// Sorted, deduplicated.
@@ -833,8 +856,7 @@ impl ArithEpisode {
             .then(|| normalised(wrong.iter().flat_map(|s| s.blame.clone()).collect()))
     }
 
-    fn answer_step(&mut self, rest: &str) -> StepRecord {
-        let parsed = parse_int(rest);
+    fn answer_step(&mut self, parsed: Option<i64>) -> StepRecord {
         self.answer = parsed;
         self.done = true;
         let pos = self.pos;
@@ -896,10 +918,10 @@ impl ArithEpisode {
 
 /// What a pretrained chat model is told before the chain (see [`Episode::instructions`]).
 const INSTRUCTIONS: &str = "Evaluate the chain of additions and subtractions below strictly \
-from left to right, one operation per reply. Each reply is one line `<running><op><operand>=<result>`, \
-for example `47+5=52`. After each line I answer `>` followed by the next operation to do \
-(for example `>-8`), or `>A` when none is left; then reply `A:<value>` with the final \
-value, for example `A:80`.";
+from left to right, one operation per reply. Each reply is one line `<running> <op> <operand> = <result>`, \
+for example `47 + 5 = 52` (spaces optional). After each line I answer `>` followed by the next operation to do \
+(for example `>-8`), or `>A` when none is left; then reply `A: <value>` with the final \
+value, for example `A: 80`.";
 
 impl Episode for ArithEpisode {
     fn prompt(&self) -> String {
@@ -924,8 +946,8 @@ impl Episode for ArithEpisode {
                 blame: Vec::new(),
                 pos: self.pos,
             }
-        } else if let Some(rest) = text.strip_prefix("A:") {
-            self.answer_step(rest)
+        } else if let Some(answer) = parse_answer(text) {
+            self.answer_step(answer)
         } else {
             self.computation_step(text)
         };
@@ -1197,7 +1219,7 @@ mod tests {
         assert_eq!(labels(&strict), [false; 4]);
         assert_eq!(local.oracle_blame(3), [CARRIES]); // inherited from line 0
         // A format error also counts: nothing after it is right in Strict mode.
-        let lines = ["47 + 5 = 52", "47+5=52", "52-8=44", "44+36=80", "A:80"];
+        let lines = ["47 plus 5 = 52", "47+5=52", "52-8=44", "44+36=80", "A:80"];
         let mut strict = episode_in("47+5-8+36", OracleMode::Strict);
         let mut local = episode_in("47+5-8+36", OracleMode::Local);
         play(&mut strict, &lines);
@@ -1218,7 +1240,7 @@ mod tests {
         let obs = play(
             &mut ep,
             &[
-                "7 + 5 = 12",
+                "7 plus 5 = 12",
                 "hello",
                 "7-5=2",
                 "2+5=7",
@@ -1701,6 +1723,32 @@ mod tests {
     }
 
     #[test]
+    fn the_spaced_forms_a_chat_model_writes_parse_and_split_numbers_do_not() {
+        let line = |a, op, b, c| Some(Line { a, op, b, c });
+        assert_eq!(parse_line("36 + 1 = 37"), line(36, Op::Add, 1, 37));
+        assert_eq!(parse_line("36+1 =37"), line(36, Op::Add, 1, 37));
+        assert_eq!(parse_line("52\t-  8 = -4"), line(52, Op::Sub, 8, -4));
+        assert_eq!(parse_line("-1 - 3 = -4"), line(-1, Op::Sub, 3, -4));
+        // A number is never split, and a negative sign touches its digits.
+        assert_eq!(parse_line("3 6+1=37"), None);
+        assert_eq!(parse_line("36+1=3 7"), None);
+        assert_eq!(parse_line("36+1=- 37"), None);
+        assert_eq!(parse_line("36 + - 1 = 35"), None);
+        assert_eq!(parse_answer("A:80"), Some(Some(80)));
+        assert_eq!(parse_answer("A: 80"), Some(Some(80)));
+        assert_eq!(parse_answer("A : -7"), Some(Some(-7)));
+        assert_eq!(parse_answer("A: 8 0"), Some(None));
+        assert_eq!(parse_answer("Answer: 80"), None);
+        // Played through an episode: the spaced lines score exactly like the compact ones.
+        let mut ep = episode("47+5-8");
+        assert!(!ep.step(" 47 + 5 = 52 ").done);
+        assert!(!ep.step("52 - 8 = 44").done);
+        assert!(ep.step("A: 44").done);
+        assert!(ep.outcome());
+        assert!((0..3).all(|i| ep.oracle_label(i)));
+    }
+
+    #[test]
     fn random_garbage_never_panics() {
         const POOL: &[&str] = &[
             "0", "1", "2", "5", "7", "9", "+", "-", "=", "A", ":", "A:", "\n", " ", "\t", "é",
@@ -1769,7 +1817,7 @@ mod tests {
                 assert_eq!(ep.steps_taken(), taken);
                 assert!(ep.steps_taken() <= max_steps);
                 // An unparsable line is a wasted step.
-                if parse_line(action.trim()).is_none() && !action.trim().starts_with("A:") {
+                if parse_line(action.trim()).is_none() && parse_answer(action.trim()).is_none() {
                     assert_eq!(ep.pos, pos);
                     assert!(!ep.oracle_label(taken - 1));
                 }
