@@ -99,8 +99,15 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
             bench_backend::<B>(&args, &Default::default())
         }
         rlany_framework::BackendKind::Flex => {
-            type B = burn::backend::Autodiff<burn::backend::Flex>;
-            bench_backend::<B>(&args, &Default::default())
+            #[cfg(feature = "flex")]
+            {
+                type B = burn::backend::Autodiff<burn::backend::Flex>;
+                bench_backend::<B>(&args, &Default::default())
+            }
+            #[cfg(not(feature = "flex"))]
+            bail!(super::UsageError(
+                "backend flex is not compiled in: rebuild with `--features flex`".into()
+            ))
         }
         rlany_framework::BackendKind::Wgpu => {
             #[cfg(feature = "wgpu")]

@@ -388,8 +388,16 @@ pub fn run(exp: &Experiment, seed: u64, opts: &TrainOptions) -> Result<RunSummar
             run_seed::<B>(exp, seed, &Default::default(), opts)
         }
         BackendKind::Flex => {
-            type B = Autodiff<burn::backend::Flex>;
-            run_seed::<B>(exp, seed, &Default::default(), opts)
+            #[cfg(feature = "flex")]
+            {
+                type B = Autodiff<burn::backend::Flex>;
+                run_seed::<B>(exp, seed, &Default::default(), opts)
+            }
+            #[cfg(not(feature = "flex"))]
+            Err(UsageError(
+                "backend Flex is not compiled in: rebuild with `--features flex`".into(),
+            )
+            .into())
         }
         BackendKind::Wgpu => {
             #[cfg(feature = "wgpu")]

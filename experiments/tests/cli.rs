@@ -175,3 +175,14 @@ fn wgpu_without_a_vulkan_driver_is_a_clear_error() {
         &["backend wgpu cannot start", "Vulkan driver"],
     );
 }
+
+/// Flex is opt-in (`--features flex`): a default binary refuses `--backend flex` with the
+/// rebuild hint, exit 2, before any run directory exists.
+#[test]
+fn flex_without_its_feature_is_a_clear_error() {
+    if cfg!(feature = "flex") {
+        eprintln!("skipped: this binary has Flex");
+        return;
+    }
+    assert_refused("no-flex", "flex", &[], false, &[]);
+}

@@ -186,7 +186,8 @@ where
 {
 }
 
-/// Flex (Burn's newer CPU backend): the default composition too.
+/// Flex (Burn's newer CPU backend, feature `flex`): the default composition too.
+#[cfg(feature = "flex")]
 impl LogProbOps for burn::backend::Flex {}
 
 pub(crate) fn float<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {

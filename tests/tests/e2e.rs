@@ -1022,6 +1022,7 @@ fn two_shards_run_the_full_system_deterministically() {
 /// NdArray's, and sampled rollouts can then diverge, so against NdArray only the warm start's
 /// final loss is compared (within 1%).
 #[test]
+#[cfg(feature = "flex")]
 fn the_flex_backend_runs_deterministically() {
     let mut logs = Vec::new();
     let mut dirs = Vec::new();
