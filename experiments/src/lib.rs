@@ -518,6 +518,23 @@ fn build_model<B: burn::prelude::Backend>(
     }
 }
 
+/// `model` with the LoRA adapters its source asks for (frozen base, adapters drawn from the
+/// stream `stream` of `seed`); unchanged without.
+fn with_adapters<B: burn::prelude::Backend>(
+    model: Transformer<B>,
+    source: &ModelSource,
+    seed: u64,
+    stream: &str,
+) -> Transformer<B> {
+    match source {
+        ModelSource::Pretrained(rlany_framework::experiment::PretrainedSpec {
+            lora: Some(spec),
+            ..
+        }) => model.with_lora(spec, &mut Rng::derive(seed, stream)),
+        _ => model,
+    }
+}
+
 /// Whether two tokenizers are the same (vocabulary size, special ids and the ids of a
 /// probe text covering letters, digits, punctuation, spaces and newlines).
 fn same_tokenizer(a: &dyn Tokenizer, b: &dyn Tokenizer) -> bool {
@@ -546,19 +563,47 @@ fn run_seed<B: rlany_kernels::AutodiffLogProbOps>(
     opts: &TrainOptions,
 ) -> Result<RunSummary> {
     let env = build_environment(exp);
+    // A judge that starts from the policy's pretrained file shares its weights in memory
+    // (loaded once, at the longer of the two contexts; Burn's tensors are reference-counted,
+    // and a weight that one of them trains is replaced, never written in place).
+    let shared = match (&exp.policy.model, exp.judge.model().map(|j| &j.model)) {
+        (ModelSource::Pretrained(p), Some(ModelSource::Pretrained(j))) if p.path == j.path => {
+            Some((p.max_seq_len, j.max_seq_len))
+        }
+        _ => None,
+    };
     // Every from-scratch weight is drawn from a stream of the run's seed (never Burn's
     // global RNG); a pretrained model brings its weights and its tokenizer.
-    let (policy, tok) =
-        build_model::<B>(&exp.policy.model, seed, "policy-init", device).context("policy model")?;
+    let (policy, tok) = match (&exp.policy.model, shared) {
+        (ModelSource::Pretrained(p), Some((pl, jl))) => {
+            let widest = ModelSource::Pretrained(rlany_framework::experiment::PretrainedSpec {
+                max_seq_len: pl.max(jl),
+                ..p.clone()
+            });
+            build_model::<B>(&widest, seed, "policy-init", device).context("policy model")?
+        }
+        (source, _) => {
+            build_model::<B>(source, seed, "policy-init", device).context("policy model")?
+        }
+    };
+    // Each at its own context, capped by the model's (as a separate load would be).
+    let cap = policy.config().max_seq_len;
+    let base = shared.map(|(_, jl)| policy.clone().with_max_seq_len(jl.min(cap)));
+    let policy = match shared {
+        Some((pl, _)) => policy.with_max_seq_len(pl.min(cap)),
+        None => policy,
+    };
+    let policy = with_adapters(policy, &exp.policy.model, seed, "policy-lora");
     let judge = match exp.judge.model() {
         None => None,
         Some(j) => {
-            let judge = match &j.model {
+            let judge = match (&j.model, base) {
                 // A from-scratch judge reads the policy's tokenizer.
-                ModelSource::Scratch(m) => scratch_config(m, tok.vocab_size())
+                (ModelSource::Scratch(m), _) => scratch_config(m, tok.vocab_size())
                     .init_seeded::<B>(device, &mut Rng::derive(seed, "judge-init"))
                     .context("judge model config")?,
-                source => {
+                (_, Some(base)) => base,
+                (source, None) => {
                     let (judge, judge_tok) = build_model::<B>(source, seed, "judge-init", device)
                         .context("judge model")?;
                     if !same_tokenizer(tok.as_ref(), judge_tok.as_ref()) {
@@ -574,7 +619,7 @@ fn run_seed<B: rlany_kernels::AutodiffLogProbOps>(
                     judge
                 }
             };
-            Some(judge)
+            Some(with_adapters(judge, &j.model, seed, "judge-lora"))
         }
     };
     let parts = Components {

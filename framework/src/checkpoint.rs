@@ -3,14 +3,22 @@
 //! assembled in `checkpoints/.tmp-step-N/` and renamed to `checkpoints/step-N/`; only then is
 //! the `latest` pointer replaced (itself by an atomic rename). A kill at any moment leaves the
 //! previous checkpoint usable.
+//!
+//! A trained model's frozen parameters (those without a gradient: the base under LoRA
+//! adapters) are not written: [`Writer::trainable`] stores them as empty tensors, and
+//! [`Reader::trainable`] takes them back from the freshly built model the run resumes with,
+//! which loaded them from the same pretrained file.
 
 use crate::rundir::{RunDirError, io, write_atomic};
-use burn::module::{AutodiffModule, Module};
+use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::Optimizer;
 use burn::prelude::Backend;
+use burn::prelude::Tensor;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Serialize, de::DeserializeOwned};
+use std::any::Any;
+use std::collections::VecDeque;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -131,6 +139,17 @@ impl Writer {
         recorder()
             .record(module.clone().into_record(), self.tmp.join(name))
             .map_err(rec_err(self.tmp.join(format!("{name}.mpk"))))
+    }
+
+    /// Saves a trained model's trainable parameters as `<name>.mpk`: each frozen parameter
+    /// (no gradient) is written as an empty tensor (see the module docs). A model without
+    /// frozen parameters is saved whole, exactly as [`Writer::module`] does.
+    pub fn trainable<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &self,
+        name: &str,
+        module: &M,
+    ) -> Result<(), CheckpointError> {
+        self.module(name, &module.clone().map(&mut EmptyFrozen))
     }
 
     /// Saves an optimiser's state as `<name>.mpk`.
@@ -266,6 +285,31 @@ impl Reader {
         Ok(module.load_record(rec))
     }
 
+    /// Loads `<name>.mpk` written by [`Writer::trainable`] into `fresh`: the trainable
+    /// parameters from the file, every frozen one kept from `fresh` (shared, not copied).
+    pub fn trainable<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &self,
+        name: &str,
+        fresh: M,
+        device: &B::Device,
+    ) -> Result<M, CheckpointError> {
+        let mut frozen = CollectFrozen(VecDeque::new());
+        fresh.visit(&mut frozen);
+        let loaded = self.module(name, fresh, device)?;
+        let mut put = PutFrozen {
+            frozen: frozen.0,
+            missing: false,
+        };
+        let model = loaded.map(&mut put);
+        if put.missing || !put.frozen.is_empty() {
+            return Err(CheckpointError::Record {
+                path: self.dir.join(format!("{name}.mpk")),
+                message: "its frozen parameters do not match the model's".into(),
+            });
+        }
+        Ok(model)
+    }
+
     /// Loads `<name>.mpk` into `optim`.
     pub fn optim<B: AutodiffBackend, M: AutodiffModule<B>, O: Optimizer<M, B>>(
         &self,
@@ -316,6 +360,60 @@ pub fn latest(dir: &Path) -> Option<PathBuf> {
     let name = fs::read_to_string(dir.join("latest")).ok()?;
     let p = dir.join(name.trim());
     p.join("state.json").exists().then_some(p)
+}
+
+/// Replaces every frozen parameter (no gradient) by an empty tensor of the same rank.
+struct EmptyFrozen;
+
+impl<B: AutodiffBackend> ModuleMapper<B> for EmptyFrozen {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        if param.is_require_grad() {
+            return param;
+        }
+        let device = param.device();
+        Param::initialized(param.id, Tensor::zeros([0; D], &device))
+    }
+}
+
+/// The frozen parameters of a model, in visiting order.
+struct CollectFrozen(VecDeque<Box<dyn Any>>);
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for CollectFrozen {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if !param.is_require_grad() {
+            self.0.push_back(Box::new(param.clone()));
+        }
+    }
+}
+
+/// Puts collected frozen parameters back, in visiting order. `missing` when the file does
+/// not fit the model: a trainable parameter was written frozen (empty), a frozen one was
+/// written whole, or the counts differ.
+struct PutFrozen {
+    frozen: VecDeque<Box<dyn Any>>,
+    missing: bool,
+}
+
+impl<B: AutodiffBackend> ModuleMapper<B> for PutFrozen {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let written_frozen = param.shape().num_elements() == 0;
+        if param.is_require_grad() {
+            self.missing |= written_frozen;
+            return param;
+        }
+        self.missing |= !written_frozen;
+        match self
+            .frozen
+            .pop_front()
+            .and_then(|p| p.downcast::<Param<Tensor<B, D>>>().ok())
+        {
+            Some(p) => *p,
+            None => {
+                self.missing = true;
+                param
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -374,6 +472,51 @@ mod tests {
         assert!(matches!(
             Reader::named(&dir, "step-000001"),
             Err(CheckpointError::Damaged { .. })
+        ));
+        let _ = fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn frozen_parameters_are_not_written_and_come_back_from_the_fresh_model() {
+        type A = burn::backend::Autodiff<B>;
+        let dev = Default::default();
+        let make = |w: f32| {
+            let mut lin: Linear<A> = LinearConfig::new(64, 64).init(&dev);
+            lin.weight =
+                Param::from_tensor(Tensor::full([64, 64], w, &dev)).set_require_grad(false);
+            lin.bias = Some(Param::from_tensor(Tensor::full([64], w, &dev)));
+            lin
+        };
+        let trained = make(2.0);
+        let dir = scratch("frozen");
+        let w = Writer::begin(&dir, 1).expect("begin");
+        w.trainable("policy", &trained).expect("trainable");
+        w.module("whole", &trained).expect("module");
+        w.state(&serde_json::json!({ "step": 1 })).expect("state");
+        w.commit(2).expect("commit");
+        let size = |f: &str| {
+            fs::metadata(dir.join("step-000001").join(f))
+                .expect("file")
+                .len()
+        };
+        // The 64×64 frozen weight (16 KiB) is not in the file; the 64-value bias is.
+        assert!(size("policy.mpk") < 2048, "{}", size("policy.mpk"));
+        assert!(size("whole.mpk") > 16384, "{}", size("whole.mpk"));
+        // Resumed into a fresh model whose frozen weight is 1 and bias 1: the bias comes from
+        // the file (2), the frozen weight from the fresh model (1), still frozen.
+        let r = Reader::latest(&dir).expect("reader");
+        let back = r.trainable("policy", make(1.0), &dev).expect("load");
+        let sum = |t: Tensor<A, 1>| t.sum().into_scalar();
+        assert_eq!(sum(back.weight.val().flatten(0, 1)), 64.0 * 64.0);
+        assert!(!back.weight.is_require_grad());
+        assert_eq!(sum(back.bias.as_ref().expect("bias").val()), 128.0);
+        // A model whose frozen parameters differ from those written is refused.
+        let mut thawed = make(1.0);
+        thawed.weight = thawed.weight.set_require_grad(true);
+        thawed.bias = thawed.bias.map(|b| b.set_require_grad(false));
+        assert!(matches!(
+            r.trainable("policy", thawed, &dev),
+            Err(CheckpointError::Record { .. })
         ));
         let _ = fs::remove_dir_all(dir);
     }

@@ -193,10 +193,122 @@ pub struct PretrainedSpec {
     /// tables and of every KV cache.
     #[serde(default = "default_pretrained_context")]
     pub max_seq_len: usize,
+    /// Train low-rank adapters instead of the weights (`None`: every weight is trained).
+    /// Left out of the resolved file when `None`, so warm-start cache keys made before it
+    /// stay valid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraSpec>,
 }
 
 fn default_pretrained_context() -> usize {
     1024
+}
+
+/// The projections of a Llama/Qwen2 block, by their Hugging Face module names (the names
+/// PEFT's `target_modules` uses).
+pub const LORA_TARGETS: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+
+/// Low-rank adapters (LoRA, Hu et al., arXiv 2106.09685), with PEFT's field names and
+/// defaults: each targeted projection `W` becomes `W + (lora_alpha / r) · A·B` with `W`
+/// frozen, `A` (`d_in × r`) drawn uniformly in `±1/√d_in` and `B` (`r × d_out`) zero, so the
+/// adapted model starts exactly at the base.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraSpec {
+    /// Rank of every adapter.
+    #[serde(default = "default_lora_r")]
+    pub r: usize,
+    /// Scale numerator: the update is multiplied by `lora_alpha / r`.
+    #[serde(default = "default_lora_alpha")]
+    pub lora_alpha: f64,
+    /// Dropout on an adapter's input while training. Only 0 for now: a dropout mask would
+    /// come from the backend's global RNG, which neither the run's seed nor a checkpoint
+    /// controls (the same seed would not give the same metrics, nor a resume the same run).
+    #[serde(default)]
+    pub lora_dropout: f64,
+    /// The projections that get adapters (`q_proj`, `k_proj`, `v_proj`, `o_proj`,
+    /// `gate_proj`, `up_proj`, `down_proj`, or `all-linear` for all seven), in every block.
+    #[serde(default = "default_lora_targets")]
+    pub target_modules: Vec<String>,
+}
+
+fn default_lora_r() -> usize {
+    8
+}
+
+fn default_lora_alpha() -> f64 {
+    8.0
+}
+
+fn default_lora_targets() -> Vec<String> {
+    vec!["q_proj".into(), "v_proj".into()]
+}
+
+impl Default for LoraSpec {
+    fn default() -> Self {
+        Self {
+            r: default_lora_r(),
+            lora_alpha: default_lora_alpha(),
+            lora_dropout: 0.0,
+            target_modules: default_lora_targets(),
+        }
+    }
+}
+
+impl LoraSpec {
+    /// Range checks; every target must be a known projection name.
+    pub fn validate(&self) -> Checked {
+        check::count("r", self.r, 1, 4096)?;
+        check::positive("lora_alpha", self.lora_alpha, 1.0e6)?;
+        if self.lora_dropout != 0.0 {
+            return Err(FieldError::new(
+                "lora_dropout",
+                format!(
+                    "must be 0 (got {}): adapter dropout would draw from the backend's global \
+                     RNG, which the run's seed and its checkpoints do not control",
+                    self.lora_dropout
+                ),
+            ));
+        }
+        if self.target_modules.is_empty() {
+            return Err(FieldError::new(
+                "target_modules",
+                "must name at least one projection",
+            ));
+        }
+        for t in &self.target_modules {
+            if t != "all-linear" && !LORA_TARGETS.contains(&t.as_str()) {
+                return Err(FieldError::new(
+                    "target_modules",
+                    format!(
+                        "unknown projection {t:?}: expected all-linear or one of {}",
+                        LORA_TARGETS.join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the projection `name` (one of [`LORA_TARGETS`]) gets an adapter.
+    pub fn targets(&self, name: &str) -> bool {
+        self.target_modules
+            .iter()
+            .any(|t| t == name || t == "all-linear")
+    }
+
+    /// `lora_alpha / r`.
+    pub fn scaling(&self) -> f64 {
+        self.lora_alpha / self.r as f64
+    }
 }
 
 impl Default for ModelSource {
@@ -234,7 +346,11 @@ impl ModelSource {
                         "must name a GGUF file or a directory",
                     ));
                 }
-                check::count("max_seq_len", p.max_seq_len, 8, MAX_SEQ)
+                check::count("max_seq_len", p.max_seq_len, 8, MAX_SEQ)?;
+                match &p.lora {
+                    Some(l) => l.validate().map_err(|e| e.within("lora")),
+                    None => Ok(()),
+                }
             }
         }
     }
@@ -976,6 +1092,54 @@ Experiment(
         }
         let judge = JudgeModelSpec::default();
         assert_eq!(judge.model.spec().map(|m| m.max_seq_len), Some(96));
+    }
+
+    #[test]
+    fn lora_takes_peft_names_and_defaults_and_refuses_what_it_cannot_honour() {
+        let with = |lora: &str| {
+            MINIMAL.replace(
+                "Scratch(d_model: 32)",
+                &format!("Pretrained(path: \"m.gguf\", lora: Some{lora})"),
+            )
+        };
+        let e = parse(&with("(r: 8)")).expect("parses");
+        let ModelSource::Pretrained(p) = &e.policy.model else {
+            panic!("pretrained")
+        };
+        let l = p.lora.as_ref().expect("lora");
+        assert_eq!((l.r, l.lora_alpha, l.lora_dropout), (8, 8.0, 0.0));
+        assert_eq!(l.target_modules, ["q_proj", "v_proj"]);
+        assert!(l.targets("v_proj") && !l.targets("up_proj"));
+        let e = parse(&with(
+            "(r: 4, lora_alpha: 32, target_modules: [\"all-linear\"])",
+        ))
+        .expect("parses");
+        let ModelSource::Pretrained(p) = &e.policy.model else {
+            panic!("pretrained")
+        };
+        let l = p.lora.as_ref().expect("lora");
+        assert_eq!(l.scaling(), 8.0);
+        assert!(LORA_TARGETS.iter().all(|t| l.targets(t)));
+        assert_eq!(parse(&e.to_ron()).expect("round trip"), e);
+        for (bad, field) in [
+            ("(r: 0)", "policy.model.lora.r"),
+            ("(lora_dropout: 0.1)", "policy.model.lora.lora_dropout"),
+            (
+                "(target_modules: [\"qproj\"])",
+                "policy.model.lora.target_modules",
+            ),
+            ("(target_modules: [])", "policy.model.lora.target_modules"),
+        ] {
+            match parse(&with(bad)) {
+                Err(ExperimentError::Invalid {
+                    field: f, location, ..
+                }) => {
+                    assert_eq!(f, field, "{bad}");
+                    assert_eq!(location, ":6", "{bad}");
+                }
+                other => panic!("{bad}: expected Invalid, got {other:?}"),
+            }
+        }
     }
 
     #[test]

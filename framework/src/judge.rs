@@ -397,6 +397,17 @@ pub fn vote_quality<'a>(steps: impl IntoIterator<Item = (bool, &'a [Verdict])>) 
     )
 }
 
+/// The share of votes that parse as a verdict (`+` or `-`; 0 marks a format failure), over
+/// every vote of `steps`; `None` without votes.
+pub fn format_ok<'a>(steps: impl IntoIterator<Item = &'a [Verdict]>) -> Option<f64> {
+    let (mut ok, mut n) = (0usize, 0usize);
+    for v in steps.into_iter().flatten() {
+        n += 1;
+        ok += usize::from(*v != 0);
+    }
+    (n > 0).then(|| ok as f64 / n as f64)
+}
+
 /// p⁺ and p⁻ of `(oracle label, verdict)` pairs: a verdict is right when it is `+` on a
 /// correct step and `−` on a wrong one (anything else is wrong on both).
 fn score(pairs: impl Iterator<Item = (bool, Verdict)>) -> JudgeQuality {
@@ -423,6 +434,14 @@ mod tests {
 
     fn sample_token(logits: &[f32], t: f64, rng: &mut crate::rng::Rng) -> u32 {
         Sampler::default().sample(logits, t, 1.0, rng).0
+    }
+
+    #[test]
+    fn format_ok_counts_every_vote_that_is_a_verdict() {
+        let steps: [&[i8]; 3] = [&[1, 0, -1], &[0, 0, 0], &[1]];
+        // 3 of 7 votes are format failures.
+        assert_eq!(super::format_ok(steps), Some(4.0 / 7.0));
+        assert_eq!(super::format_ok(std::iter::empty::<&[i8]>()), None);
     }
 
     #[test]

@@ -590,7 +590,7 @@ where
             KlTarget::Reference => Some(ckpt.module("reference", parts.policy.valid(), device)?),
             KlTarget::Old => None,
         };
-        let policy = ckpt.module("policy", parts.policy.clone(), device)?;
+        let policy = ckpt.trainable("policy", parts.policy.clone(), device)?;
         let fresh_judge = parts.judge.take();
         parts.policy = policy;
         let mut run = Self::new(cfg, seed, parts, device, opts, dir);
@@ -601,7 +601,7 @@ where
             if matches!(run.cfg.ppo.kl.target, KlTarget::Reference) && run.cfg.judge.trained() {
                 run.judge_reference = Some(ckpt.module("judge_reference", j.valid(), device)?);
             }
-            run.judge = Some(ckpt.module("judge", j, device)?);
+            run.judge = Some(ckpt.trainable("judge", j, device)?);
         }
         run.judge_pool = run.make_judge_pool();
         run.state = ckpt.state()?;
@@ -877,10 +877,10 @@ where
     /// Writes one checkpoint of everything the loop needs to continue.
     fn save(&self) -> Result<(), CheckpointError> {
         let w = checkpoint::Writer::begin(&self.dir.checkpoints(), self.state.step)?;
-        w.module("policy", &self.policy)?;
+        w.trainable("policy", &self.policy)?;
         w.optim::<B, M, Optim<B, M>>("policy_optim", &self.policy_optim)?;
         if let Some(j) = &self.judge {
-            w.module("judge", j)?;
+            w.trainable("judge", j)?;
             w.optim::<B, M, Optim<B, M>>("judge_optim", &self.judge_optim)?;
         }
         if let Some(r) = &self.reference {
@@ -1009,7 +1009,8 @@ where
     }
 
     /// The judge's quality on its pool (`judged[i]` judges pool entry `i`): majority verdicts
-    /// (`judge/eval_*`) and single votes (`judge/eval_vote_*`).
+    /// (`judge/eval_*`), single votes (`judge/eval_vote_*`) and the share of votes that are a
+    /// `+` or a `-` at all (`judge/eval_format_ok`).
     fn judge_quality(&self, m: &mut Metrics, judged: &[judge::JudgedStep]) {
         let labelled = || {
             judged
@@ -1018,6 +1019,9 @@ where
         };
         judge::quality(labelled()).set(m, "judge/eval");
         judge::vote_quality(labelled()).set(m, "judge/eval_vote");
+        if let Some(ok) = judge::format_ok(judged.iter().map(|js| js.verdicts.as_slice())) {
+            m.set("judge/eval_format_ok", ok);
+        }
     }
 
     /// Appends the proposer's posterior (if it has a model) to `posterior.jsonl`.

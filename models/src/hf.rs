@@ -130,13 +130,19 @@ pub fn load_hf_dir<B: Backend>(
 /// `model.safetensors` and a `config.json` that [`read_hf_config`] and `transformers`'
 /// `AutoModelForCausalLM.from_pretrained` both read (`Qwen2ForCausalLM` when the model has
 /// q/k/v biases, `LlamaForCausalLM` otherwise; `max_position_embeddings` is the model's
-/// `max_seq_len`). Existing files of the same names are replaced.
+/// `max_seq_len`). A model with LoRA adapters is saved merged (`W + s·A·B`,
+/// [`Transformer::merge_lora`]). Existing files of the same names are replaced.
 pub fn save_hf_dir<B: Backend>(model: &Transformer<B>, dir: &Path) -> Result<(), ModelError> {
     std::fs::create_dir_all(dir).map_err(|e| ModelError::Save {
         path: dir.to_path_buf(),
         message: format!("cannot create the directory: {e}"),
     })?;
-    write_safetensors(&dir.join(WEIGHTS_FILE), &transformer_to_hf(model))?;
+    let weights = if model.has_lora() {
+        transformer_to_hf(&model.clone().merge_lora())
+    } else {
+        transformer_to_hf(model)
+    };
+    write_safetensors(&dir.join(WEIGHTS_FILE), &weights)?;
     let config_path = dir.join(CONFIG_FILE);
     let text = serde_json::to_string_pretty(&config_json(model.config())).map_err(|e| {
         ModelError::Save {

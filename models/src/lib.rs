@@ -15,6 +15,7 @@ mod decode;
 mod error;
 pub mod gguf;
 mod hf;
+pub mod lora;
 mod pretrained;
 mod tokenizer;
 mod transformer;

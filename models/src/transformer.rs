@@ -25,6 +25,8 @@ use rlany_framework::{CausalLm, Generation, Rng, SampleParams, last_positions};
 
 use crate::decode::{self, Contexts};
 use crate::error::ModelError;
+use crate::lora::{BlockLora, LoraAdapter};
+use rlany_framework::experiment::LoraSpec;
 
 /// Additive attention bias of a masked-out key. Finite (not `-inf`) so that a query whose
 /// keys are all masked (a left-pad position) gets a harmless uniform row instead of NaN;
@@ -188,6 +190,7 @@ impl TransformerConfig {
                     up: linear(self.d_model, self.ffn_hidden, false),
                     down: linear(self.ffn_hidden, self.d_model, false),
                 },
+                lora: None,
             })
             .collect();
         let (rope_cos, rope_sin) =
@@ -304,16 +307,26 @@ fn apply_rotary<B: Backend>(
     )
 }
 
-/// `layer` applied as one matrix product over all rows: Burn's `Linear` on a rank-3 input
-/// runs one small product per batch row, far slower on CPU than a single flat product.
+/// `layer` (plus its LoRA adapter, if any) applied as one matrix product over all rows:
+/// Burn's `Linear` on a rank-3 input runs one small product per batch row, far slower on CPU
+/// than a single flat product.
 ///
 /// # Shapes
 /// - `x`: `[batch, seq, d_input]`
 /// - output: `[batch, seq, d_output]`
-fn project<B: Backend>(layer: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+fn project<B: Backend>(
+    layer: &Linear<B>,
+    adapter: Option<&LoraAdapter<B>>,
+    x: Tensor<B, 3>,
+) -> Tensor<B, 3> {
     let [batch, seq, d_input] = x.dims();
-    // [batch * seq, d_input] -> [batch * seq, d_output]
-    let y = layer.forward(x.reshape([batch * seq, d_input]));
+    // [batch * seq, d_input]
+    let flat = x.reshape([batch * seq, d_input]);
+    // [batch * seq, d_output]
+    let y = match adapter {
+        Some(a) => layer.forward(flat.clone()) + a.forward(flat),
+        None => layer.forward(flat),
+    };
     let d_output = y.dims()[1];
     // [batch, seq, d_output]
     y.reshape([batch, seq, d_output])
@@ -466,21 +479,22 @@ impl<B: Backend> Attention<B> {
         sin: &Tensor<B, 4>,
         bias: Option<&Tensor<B, 4>>,
         cache: Option<(&mut Option<LayerKv<B>>, usize)>,
+        lora: Option<&BlockLora<B>>,
     ) -> Tensor<B, 3> {
         let [batch, seq, _] = x.dims();
         let (heads, kv_heads, head_dim) = (self.n_heads, self.n_kv_heads, self.head_dim);
         let group = heads / kv_heads;
 
         // [batch, seq, heads, head_dim] -> [batch, heads, seq, head_dim]
-        let q = project(&self.query, x.clone())
+        let q = project(&self.query, lora.and_then(|l| l.q_proj.as_ref()), x.clone())
             .reshape([batch, seq, heads, head_dim])
             .swap_dims(1, 2);
         // [batch, seq, kv_heads, head_dim] -> [batch, kv_heads, seq, head_dim]
-        let k = project(&self.key, x.clone())
+        let k = project(&self.key, lora.and_then(|l| l.k_proj.as_ref()), x.clone())
             .reshape([batch, seq, kv_heads, head_dim])
             .swap_dims(1, 2);
         // [batch, seq, kv_heads, head_dim] -> [batch, kv_heads, seq, head_dim]
-        let v = project(&self.value, x)
+        let v = project(&self.value, lora.and_then(|l| l.v_proj.as_ref()), x)
             .reshape([batch, seq, kv_heads, head_dim])
             .swap_dims(1, 2);
         let q = apply_rotary(q, cos, sin);
@@ -520,7 +534,7 @@ impl<B: Backend> Attention<B> {
         let context = context
             .swap_dims(1, 2)
             .reshape([batch, seq, heads * head_dim]);
-        project(&self.output, context)
+        project(&self.output, lora.and_then(|l| l.o_proj.as_ref()), context)
     }
 }
 
@@ -536,9 +550,15 @@ impl<B: Backend> SwiGlu<B> {
     /// # Shapes
     /// - `x`: `[batch, seq, d_model]`
     /// - output: `[batch, seq, d_model]`
-    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let gate = silu(project(&self.gate, x.clone()));
-        project(&self.down, gate * project(&self.up, x))
+    fn forward(&self, x: Tensor<B, 3>, lora: Option<&BlockLora<B>>) -> Tensor<B, 3> {
+        let adapter = |pick: fn(&BlockLora<B>) -> Option<&LoraAdapter<B>>| lora.and_then(pick);
+        let gate = silu(project(
+            &self.gate,
+            adapter(|l| l.gate_proj.as_ref()),
+            x.clone(),
+        ));
+        let up = project(&self.up, adapter(|l| l.up_proj.as_ref()), x);
+        project(&self.down, adapter(|l| l.down_proj.as_ref()), gate * up)
     }
 }
 
@@ -549,6 +569,8 @@ pub struct Block<B: Backend> {
     attention: Attention<B>,
     mlp_norm: RmsNorm<B>,
     mlp: SwiGlu<B>,
+    /// Low-rank adapters on this block's projections (see [`Transformer::with_lora`]).
+    lora: Option<BlockLora<B>>,
 }
 
 impl<B: Backend> Block<B> {
@@ -565,11 +587,12 @@ impl<B: Backend> Block<B> {
         bias: Option<&Tensor<B, 4>>,
         cache: Option<(&mut Option<LayerKv<B>>, usize)>,
     ) -> Tensor<B, 3> {
+        let lora = self.lora.as_ref();
         let h = x.clone()
             + self
                 .attention
-                .forward(self.attention_norm.forward(x), cos, sin, bias, cache);
-        h.clone() + self.mlp.forward(self.mlp_norm.forward(h))
+                .forward(self.attention_norm.forward(x), cos, sin, bias, cache, lora);
+        h.clone() + self.mlp.forward(self.mlp_norm.forward(h), lora)
     }
 }
 
@@ -664,6 +687,116 @@ impl<B: Backend> Transformer<B> {
         model
     }
 
+    /// The model with low-rank adapters ([`crate::lora`]) on the projections `spec` targets,
+    /// in every block: every existing weight is frozen (no gradient, so no optimiser state),
+    /// each adapter's `A` is drawn from `rng` and its `B` is zero, so the result computes
+    /// exactly what `self` does until it is trained. Adapters already present are replaced.
+    pub fn with_lora(self, spec: &LoraSpec, rng: &mut Rng) -> Self {
+        let device = self.device();
+        let mut model = self.without_lora().no_grad();
+        let c = &model.config;
+        let (d, ffn, hd) = (c.d_model, c.ffn_hidden, c.head_dim());
+        let (q, kv) = (c.n_heads * hd, c.n_kv_heads * hd);
+        for block in &mut model.blocks {
+            let mut make = |name: &str, d_in: usize, d_out: usize| {
+                spec.targets(name)
+                    .then(|| LoraAdapter::init(d_in, d_out, spec, rng, &device))
+            };
+            block.lora = Some(BlockLora {
+                q_proj: make("q_proj", d, q),
+                k_proj: make("k_proj", d, kv),
+                v_proj: make("v_proj", d, kv),
+                o_proj: make("o_proj", q, d),
+                gate_proj: make("gate_proj", d, ffn),
+                up_proj: make("up_proj", d, ffn),
+                down_proj: make("down_proj", ffn, d),
+            });
+        }
+        model
+    }
+
+    /// Whether any block carries LoRA adapters.
+    pub fn has_lora(&self) -> bool {
+        self.blocks.iter().any(|b| b.lora.is_some())
+    }
+
+    /// The base model: the adapters dropped, the (shared, frozen) weights kept.
+    pub fn without_lora(mut self) -> Self {
+        for block in &mut self.blocks {
+            block.lora = None;
+        }
+        self
+    }
+
+    /// Every adapter folded into its projection (`W + s·A·B`), the adapters dropped: a plain
+    /// model computing what the adapted one does (to float rounding), e.g. to save in
+    /// Hugging Face's format. A model without adapters is returned unchanged.
+    pub fn merge_lora(mut self) -> Self {
+        for block in &mut self.blocks {
+            let Some(lora) = block.lora.take() else {
+                continue;
+            };
+            let a = &mut block.attention;
+            let m = &mut block.mlp;
+            let targets: [(&mut Linear<B>, Option<LoraAdapter<B>>); 7] = [
+                (&mut a.query, lora.q_proj),
+                (&mut a.key, lora.k_proj),
+                (&mut a.value, lora.v_proj),
+                (&mut a.output, lora.o_proj),
+                (&mut m.gate, lora.gate_proj),
+                (&mut m.up, lora.up_proj),
+                (&mut m.down, lora.down_proj),
+            ];
+            for (linear, adapter) in targets {
+                if let Some(adapter) = adapter {
+                    let delta = adapter.delta();
+                    let weight = linear.weight.val();
+                    let merged = weight.clone() + delta.cast(weight.dtype());
+                    linear.weight = Param::initialized(
+                        linear.weight.id,
+                        merged.set_require_grad(weight.is_require_grad()),
+                    );
+                }
+            }
+        }
+        self
+    }
+
+    /// The model with context `max_seq_len` (its rotary tables rebuilt; the weights, which
+    /// do not depend on it, shared with `self`).
+    pub fn with_max_seq_len(mut self, max_seq_len: usize) -> Self {
+        if max_seq_len == self.config.max_seq_len {
+            return self;
+        }
+        let device = self.device();
+        let dtype = self.rope_cos.dtype();
+        let (cos, sin) = rotary_tables::<B>(
+            max_seq_len,
+            self.config.head_dim(),
+            self.config.rope_theta,
+            &device,
+        );
+        self.rope_cos = cos.cast(dtype);
+        self.rope_sin = sin.cast(dtype);
+        self.config.max_seq_len = max_seq_len;
+        self
+    }
+
+    /// The adapters of block `i`, if it has any.
+    #[cfg(test)]
+    pub(crate) fn blocks_lora(&self, i: usize) -> Option<&BlockLora<B>> {
+        self.blocks.get(i).and_then(|b| b.lora.as_ref())
+    }
+
+    /// Parameters of the adapters (0 without).
+    pub fn lora_params(&self) -> usize {
+        self.blocks
+            .iter()
+            .filter_map(|b| b.lora.as_ref())
+            .map(|l| l.num_params())
+            .sum()
+    }
+
     /// Final hidden states (after the last RMSNorm) at explicit positions, optionally
     /// attending over and extending a KV cache. Apply [`Transformer::logits`] to get logits.
     ///
@@ -736,7 +869,7 @@ impl<B: Backend> Transformer<B> {
     /// - output: `[batch, seq, vocab]`
     pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         match &self.lm_head {
-            Some(head) => project(head, hidden),
+            Some(head) => project(head, None, hidden),
             None => {
                 let [batch, seq, d_model] = hidden.dims();
                 // [batch * seq, d_model] x [d_model, vocab] -> [batch, seq, vocab]

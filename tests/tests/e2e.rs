@@ -723,6 +723,74 @@ fn pretrained_smollm2_closed_loop_smoke() {
     let _ = fs::remove_dir_all(dir);
 }
 
+/// SmolLM2 with LoRA adapters (policy and judge on one shared base) trains two steps, and a
+/// run stopped after step 1 and resumed writes the same metrics; skipped with a message
+/// when the model has not been fetched.
+#[test]
+fn pretrained_lora_run_resumes_exactly() {
+    let Some(model) = smollm2() else { return };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut exp =
+        rlany::Experiment::load(&root.join("experiments/pretrained/smollm2_arith_lora.ron"))
+            .expect("pretrained LoRA experiment");
+    let judge = exp.judge.model_mut().map(|j| &mut j.model);
+    for source in std::iter::once(&mut exp.policy.model).chain(judge) {
+        if let rlany_framework::experiment::ModelSource::Pretrained(p) = source {
+            assert!(p.lora.is_some(), "the file trains adapters");
+            p.path = model.to_string_lossy().into_owned();
+        }
+    }
+    exp.budget.steps = 2;
+    exp.budget.checkpoint_every = 1;
+    exp.budget.eval_every = 2;
+    exp.budget.tasks_per_step = 2;
+    exp.budget.group_size = 2;
+    exp.budget.eval_tasks = 2;
+    exp.budget.max_env_steps = 2;
+    exp.policy.sampling.max_step_tokens = 6;
+    if let Some(j) = exp.judge.model_mut() {
+        j.warm_start.steps = 1;
+        j.warm_start.batch = 2;
+        j.warm_start.labels = 4;
+    }
+    let run = |dir: &Path, extra: &[&str]| -> PathBuf {
+        let runs = dir.join("runs").to_string_lossy().into_owned();
+        let file = write(dir, "p.ron", &exp.to_ron());
+        let mut args = vec![
+            "run",
+            file.as_str(),
+            "--runs-dir",
+            runs.as_str(),
+            "--no-progress",
+        ];
+        args.extend_from_slice(extra);
+        assert_eq!(rlany(&args), 0, "{extra:?}");
+        dir.join("runs/smollm2_arith_lora/seed-1")
+    };
+    let a = scratch("lora-a");
+    let b = scratch("lora-b");
+    let ra = run(&a, &[]);
+    let rb = run(&b, &["--stop-after", "1"]);
+    let rb_s = rb.to_string_lossy().into_owned();
+    let file = b.join("p.ron").to_string_lossy().into_owned();
+    assert_eq!(
+        rlany(&["run", &file, "--resume", &rb_s, "--no-progress"]),
+        0
+    );
+    let ma = metrics(&ra);
+    assert_eq!(ma.len(), 3, "{ma:?}");
+    assert!(ma[2].get("eval/acc_id").is_some());
+    assert!(ma[1].get("policy/kept_groups").is_some());
+    assert_eq!(
+        ma,
+        metrics(&rb),
+        "resumed LoRA run must match the uninterrupted one"
+    );
+    for d in [a, b] {
+        let _ = fs::remove_dir_all(d);
+    }
+}
+
 #[test]
 fn quickstart_smoke_with_a_tiny_budget() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
