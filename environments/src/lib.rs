@@ -48,7 +48,7 @@ mod tests {
     #[test]
     fn every_environment_tells_a_chat_model_its_action_format() {
         let envs: [(Box<dyn rlany_framework::Environment>, &str); 4] = [
-            (ArithSpec::default().build(), "A:<value>"),
+            (ArithSpec::default().build(), "A: <value>"),
             (CodegenSpec::default().build(), "ret"),
             (HouseholdSpec::default().build(), "take OBJECT"),
             (DesktopSpec::default().build(), "click(ID)"),

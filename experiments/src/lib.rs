@@ -562,6 +562,9 @@ fn run_seed<B: rlany_kernels::AutodiffLogProbOps>(
     device: &B::Device,
     opts: &TrainOptions,
 ) -> Result<RunSummary> {
+    if opts.resume {
+        check_bases(exp, &opts.run_dir)?;
+    }
     let env = build_environment(exp);
     // A judge that starts from the policy's pretrained file shares its weights in memory
     // (loaded once, at the longer of the two contexts; Burn's tensors are reference-counted,
@@ -682,7 +685,7 @@ pub fn meta_json(exp: &Experiment, seed: u64, file: &Path) -> serde_json::Value 
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    serde_json::json!({
+    let mut meta = serde_json::json!({
         "experiment": exp.name,
         "file": file.display().to_string(),
         "seed": seed,
@@ -692,7 +695,47 @@ pub fn meta_json(exp: &Experiment, seed: u64, file: &Path) -> serde_json::Value 
         "start_unix_s": now,
         "start_utc": utc(now),
         "rlany_version": env!("CARGO_PKG_VERSION"),
-    })
+    });
+    let bases = pretrained_digests(exp);
+    if !bases.is_empty() {
+        meta["pretrained_sha256"] = serde_json::json!(bases);
+    }
+    meta
+}
+
+/// SHA-256 of every pretrained source the experiment reads, by path (unreadable ones left
+/// out: a missing model is reported before any run starts).
+pub fn pretrained_digests(exp: &Experiment) -> std::collections::BTreeMap<String, String> {
+    let judge = exp.judge.model().map(|j| &j.model);
+    std::iter::once(&exp.policy.model)
+        .chain(judge)
+        .filter_map(|s| match s {
+            ModelSource::Pretrained(p) => pretrained::digest(Path::new(&p.path))
+                .ok()
+                .map(|d| (p.path.clone(), d)),
+            ModelSource::Scratch(_) => None,
+        })
+        .collect()
+}
+
+/// A resumed run whose pretrained base changed since it started is refused (its
+/// checkpoints do not hold the frozen base; `meta.json` holds the base's SHA-256).
+fn check_bases(exp: &Experiment, run_dir: &Path) -> Result<()> {
+    let now = pretrained_digests(exp);
+    if now.is_empty() {
+        return Ok(());
+    }
+    let meta: serde_json::Value = std::fs::read(run_dir.join("meta.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    match meta["pretrained_sha256"]
+        .as_object()
+        .and_then(|then| pretrained::changed_base(then, &now))
+    {
+        Some(why) => Err(UsageError(format!("--resume {}: {why}", run_dir.display())).into()),
+        None => Ok(()),
+    }
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` from Unix seconds (Howard Hinnant's civil-from-days).

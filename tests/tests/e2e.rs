@@ -773,6 +773,23 @@ fn pretrained_lora_run_resumes_exactly() {
     let rb = run(&b, &["--stop-after", "1"]);
     let rb_s = rb.to_string_lossy().into_owned();
     let file = b.join("p.ron").to_string_lossy().into_owned();
+    // meta.json records the base's SHA-256; a run whose base changed is refused (exit 2),
+    // before anything of it is touched.
+    let meta_path = rb.join("meta.json");
+    let meta = fs::read_to_string(&meta_path).expect("meta.json");
+    let v: Value = serde_json::from_str(&meta).expect("json");
+    let recorded = v["pretrained_sha256"][model.to_string_lossy().as_ref()]
+        .as_str()
+        .expect("the base's SHA-256 in meta.json")
+        .to_string();
+    assert_eq!(recorded.len(), 64);
+    fs::write(&meta_path, meta.replace(&recorded, &"0".repeat(64))).expect("tamper");
+    assert_eq!(
+        rlany(&["run", &file, "--resume", &rb_s, "--no-progress"]),
+        2
+    );
+    assert_eq!(metrics(&rb).len(), 2, "the refused resume changed nothing");
+    fs::write(&meta_path, &meta).expect("restore");
     assert_eq!(
         rlany(&["run", &file, "--resume", &rb_s, "--no-progress"]),
         0
