@@ -439,8 +439,8 @@ mod tests {
     #[test]
     fn format_ok_counts_every_vote_that_is_a_verdict() {
         let steps: [&[i8]; 3] = [&[1, 0, -1], &[0, 0, 0], &[1]];
-        // 3 of 7 votes are format failures.
-        assert_eq!(super::format_ok(steps), Some(4.0 / 7.0));
+        // 4 of the 7 votes are format failures (one in the first step, three in the second).
+        assert_eq!(super::format_ok(steps), Some(3.0 / 7.0));
         assert_eq!(super::format_ok(std::iter::empty::<&[i8]>()), None);
     }
 
