@@ -670,21 +670,27 @@ fn a_missing_pretrained_model_fails_check_and_run_with_the_fetch_command() {
     let _ = fs::remove_dir_all(dir);
 }
 
-/// The closed loop on SmolLM2 (policy and judge) runs two steps with a tiny budget; skipped
-/// with a message when the model has not been fetched.
-#[test]
-fn pretrained_smollm2_closed_loop_smoke() {
-    let Some(model) = smollm2() else { return };
+/// `experiments/pretrained/<file>` with every pretrained source pointed at `model` (the
+/// file's paths are relative to the repository root; tests run in tests/).
+fn shipped_pretrained(file: &str, model: &Path) -> rlany::Experiment {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut exp = rlany::Experiment::load(&root.join("experiments/pretrained/smollm2_arith.ron"))
-        .expect("pretrained experiment");
-    // The file's paths are relative to the repository root; tests run in tests/.
+    let mut exp = rlany::Experiment::load(&root.join("experiments/pretrained").join(file))
+        .unwrap_or_else(|e| panic!("{file}: {e}"));
     let judge = exp.judge.model_mut().map(|j| &mut j.model);
     for source in std::iter::once(&mut exp.policy.model).chain(judge) {
         if let rlany_framework::experiment::ModelSource::Pretrained(p) = source {
             p.path = model.to_string_lossy().into_owned();
         }
     }
+    exp
+}
+
+/// The closed loop on SmolLM2 (policy and judge) runs two steps with a tiny budget; skipped
+/// with a message when the model has not been fetched.
+#[test]
+fn pretrained_smollm2_closed_loop_smoke() {
+    let Some(model) = smollm2() else { return };
+    let exp = shipped_pretrained("smollm2_arith.ron", &model);
     let dir = scratch("smollm2");
     let runs = dir.join("runs").to_string_lossy().into_owned();
     let file = write(&dir, "p.ron", &exp.to_ron());
@@ -729,15 +735,11 @@ fn pretrained_smollm2_closed_loop_smoke() {
 #[test]
 fn pretrained_lora_run_resumes_exactly() {
     let Some(model) = smollm2() else { return };
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut exp =
-        rlany::Experiment::load(&root.join("experiments/pretrained/smollm2_arith_lora.ron"))
-            .expect("pretrained LoRA experiment");
-    let judge = exp.judge.model_mut().map(|j| &mut j.model);
-    for source in std::iter::once(&mut exp.policy.model).chain(judge) {
+    let mut exp = shipped_pretrained("smollm2_arith_lora.ron", &model);
+    let judge = exp.judge.model().map(|j| &j.model);
+    for source in std::iter::once(&exp.policy.model).chain(judge) {
         if let rlany_framework::experiment::ModelSource::Pretrained(p) = source {
             assert!(p.lora.is_some(), "the file trains adapters");
-            p.path = model.to_string_lossy().into_owned();
         }
     }
     exp.budget.steps = 2;
