@@ -19,6 +19,9 @@
 //! - [`desktop`]: computer control on a simulated document editor (menus, dialogs, tabs,
 //!   check boxes, drop-downs, fields) seen as an accessibility text with element ids
 //!   (`click(4)`, `type(9, "Budget")`, `key(ctrl+s)`, `scroll(17, 3)`).
+//! - [`process`]: an environment in another process (Python, say), spoken to in JSON lines
+//!   (`environments/process/PROTOCOL.md`); the reference environment and the TextWorld
+//!   adapter live in `environments/process/`.
 //!
 //! Proposers implement [`rlany_framework::adapt::Proposer`]:
 //!
@@ -30,12 +33,14 @@ pub mod codegen;
 pub mod desktop;
 mod draw;
 pub mod household;
+pub mod process;
 pub mod proposers;
 
 pub use arith::{Arith, ArithConfig, ArithEpisode, ArithSpec};
 pub use codegen::{Codegen, CodegenEpisode, CodegenSpec};
 pub use desktop::{Desktop, DesktopEpisode, DesktopSpec};
 pub use household::{Household, HouseholdEpisode, HouseholdSpec};
+pub use process::{ProcessEnv, ProcessEpisode, ProcessSpec};
 
 #[cfg(test)]
 mod tests {

@@ -1,5 +1,8 @@
 //! `rlany env`: shows exactly what the agent sees — a sampled task, the expert's trajectory
 //! with the environment's observations and oracle labels, and the difficulty dimensions.
+//! A process environment (`rlany env process -- python3 my_env.py`, or an experiment file
+//! naming one) is first put through the protocol's conformance checks
+//! (`rlany_envs::process::conformance`); a failed check is an error.
 
 use crate::plugins::{ENVIRONMENTS, EnvironmentSpec};
 use crate::{Experiment, UsageError};
@@ -29,6 +32,37 @@ pub struct EnvArgs {
     /// `policy.warm_start.noise`).
     #[arg(long, default_value_t = 0.0)]
     pub noise: f64,
+    /// For `process`: the command that starts the environment, after `--` (no shell),
+    /// e.g. `rlany env process -- python3 environments/process/reference.py`.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+/// Prints the conformance checks of a process environment; an error when one failed.
+fn conformance(spec: &rlany_envs::ProcessSpec) -> Result<()> {
+    println!(
+        "conformance checks of `{}` (protocol 1):",
+        spec.command.join(" ")
+    );
+    let checks = rlany_envs::process::conformance::run(spec);
+    for c in &checks {
+        println!(
+            "  {:<5} {:<14} {}",
+            if c.ok { "ok" } else { "FAIL" },
+            c.name,
+            c.detail
+        );
+    }
+    let failed = checks.iter().filter(|c| !c.ok).count();
+    if failed > 0 {
+        anyhow::bail!(
+            "the environment process `{}` failed {failed} of the protocol's conformance checks \
+             (environments/process/PROTOCOL.md)",
+            spec.command.join(" ")
+        );
+    }
+    println!();
+    Ok(())
 }
 
 /// The environment settings `name` stands for.
@@ -54,16 +88,46 @@ fn settings(name: &str) -> Result<EnvironmentSpec> {
 
 /// `rlany env`.
 pub fn run(args: &EnvArgs) -> Result<()> {
-    let spec = settings(&args.name)?;
+    let mut spec = settings(&args.name)?;
+    // `rlany env process -- COMMAND`: the starting difficulty is unknown before the child
+    // describes its dimensions (the middle of each is shown).
+    let mut unknown_start = false;
+    match &mut spec {
+        EnvironmentSpec::Process(p) => {
+            if !args.command.is_empty() {
+                p.command = args.command.clone();
+            }
+            if p.difficulty.is_empty() {
+                p.difficulty = vec![0.5];
+                unknown_start = true;
+            }
+        }
+        _ if !args.command.is_empty() => {
+            return Err(UsageError(format!(
+                "a command after `--` is for `process`, not `{}`",
+                args.name
+            ))
+            .into());
+        }
+        _ => {}
+    }
     spec.plugin()
         .validate()
         .map_err(|e| UsageError(format!("environment.{}: {}", e.field, e.message)))?;
+    if let EnvironmentSpec::Process(p) = &spec {
+        conformance(p)?;
+    }
     let env = spec.plugin().build();
+    if let Some(fault) = env.fault() {
+        anyhow::bail!("environment: {fault}");
+    }
     let dims = env.difficulty_space();
-    let d = if args.difficulty.is_empty() {
-        spec.plugin().start_difficulty()
-    } else {
+    let d = if !args.difficulty.is_empty() {
         args.difficulty.clone()
+    } else if unknown_start {
+        vec![0.5; dims.len()]
+    } else {
+        spec.plugin().start_difficulty()
     };
     if d.len() != dims.len() || d.iter().any(|x| !(0.0..=1.0).contains(x)) {
         return Err(UsageError(format!(

@@ -432,9 +432,29 @@ pub fn run(exp: &Experiment, seed: u64, opts: &TrainOptions) -> Result<RunSummar
     }
 }
 
-/// The concrete environment an experiment names.
-pub fn build_environment(exp: &Experiment) -> Box<dyn Environment> {
-    exp.environment.plugin().build()
+/// The concrete environment an experiment names; an error when it could not start (a
+/// process environment's child, [`Environment::fault`]) or its difficulty space has another
+/// number of dimensions than the settings' starting difficulty.
+pub fn build_environment(exp: &Experiment) -> Result<Box<dyn Environment>> {
+    let plugin = exp.environment.plugin();
+    let env = plugin.build();
+    if let Some(fault) = env.fault() {
+        anyhow::bail!("environment: {fault}");
+    }
+    let (start, dims) = (plugin.start_difficulty(), env.difficulty_space());
+    if start.len() != dims.len() {
+        return Err(UsageError(format!(
+            "environment.difficulty has {} values; the environment has {} dimensions ({})",
+            start.len(),
+            dims.len(),
+            dims.iter()
+                .map(|d| d.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+        .into());
+    }
+    Ok(env)
 }
 
 /// The decoder config of a from-scratch model source (`None` for a pretrained one, whose
@@ -565,7 +585,7 @@ fn run_seed<B: rlany_kernels::AutodiffLogProbOps>(
     if opts.resume {
         check_bases(exp, &opts.run_dir)?;
     }
-    let env = build_environment(exp);
+    let env = build_environment(exp)?;
     // A judge that starts from the policy's pretrained file shares its weights in memory
     // (loaded once, at the longer of the two contexts; Burn's tensors are reference-counted,
     // and a weight that one of them trains is replaced, never written in place).

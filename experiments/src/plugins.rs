@@ -64,6 +64,8 @@ plugins! {
         Household(rlany_envs::HouseholdSpec),
         /// Computer control on a simulated editor, like OSWorld (`rlany_envs::desktop`).
         Desktop(rlany_envs::DesktopSpec),
+        /// An environment in another process, spoken to in JSON lines (`rlany_envs::process`).
+        Process(rlany_envs::ProcessSpec),
     }
     proposers {
         /// Our Gaussian-process proposer (`rlany_envs::proposers::gp`).

@@ -101,4 +101,12 @@ pub trait Environment: Send + Sync {
     fn eval_levels(&self) -> Vec<f64> {
         vec![0.0, 0.25, 0.5, 0.75, 1.0]
     }
+    /// Why the environment can no longer hand out tasks, if it cannot. The trait's calls
+    /// are infallible (an in-process environment cannot fail); one that lives elsewhere (a
+    /// child process) fails an episode on a lost call and reports here when it gives up.
+    /// The loop checks it after the warm starts, each rollout and each evaluation, and stops
+    /// the run with this message before the next checkpoint.
+    fn fault(&self) -> Option<String> {
+        None
+    }
 }

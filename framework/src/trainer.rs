@@ -69,6 +69,24 @@ pub enum TrainError {
     /// The proposer's checkpointed state could not be restored.
     #[error("restoring the {0}")]
     Adapt(#[from] crate::adapt::AdaptError),
+    /// The environment gave up ([`crate::Environment::fault`]).
+    #[error(
+        "training step {step}: the environment failed; the run stopped and its last checkpoint is intact: {message}"
+    )]
+    Environment {
+        /// The training step (0 = warm start).
+        step: usize,
+        /// The environment's message.
+        message: String,
+    },
+}
+
+/// `Err` when the environment reports a fault ([`crate::Environment::fault`]).
+fn env_ok(env: &dyn crate::Environment, step: usize) -> Result<(), TrainError> {
+    match env.fault() {
+        Some(message) => Err(TrainError::Environment { step, message }),
+        None => Ok(()),
+    }
 }
 
 fn non_finite(step: usize, who: &str) -> impl FnOnce(NonFinite) -> TrainError + '_ {
@@ -456,6 +474,8 @@ where
                     device,
                 )
                 .map_err(non_finite(0, "policy warm-start"))?;
+                // A faulted environment's demonstrations are not cached.
+                env_ok(parts.env, 0)?;
                 let mut metrics = WarmMetrics::new();
                 if loss.is_finite() {
                     metrics.insert("warm/policy_loss".to_string(), loss);
@@ -567,6 +587,7 @@ where
                 .collect()
         })
         .map_err(non_finite(0, "judge warm-start"))?;
+        env_ok(self.env, 0)?;
         if loss.is_finite() {
             m.insert("warm/judge_loss".into(), loss);
         }
@@ -634,6 +655,7 @@ where
         pb.finish_and_clear();
         self.old_policy = Some(old);
         batch.timings.rollout_s = t.elapsed().as_secs_f64();
+        env_ok(self.env, batch.step)?;
         if batch.trajs.iter().any(|t| !t.finite) {
             return Err(TrainError::NonFinite {
                 step: batch.step,
@@ -941,6 +963,7 @@ where
         pb.inc(1);
         let ood = run_split(Split::Ood);
         pb.inc(1);
+        env_ok(self.env, step)?;
         m.set("eval/acc_id", id.accuracy);
         m.set("eval/acc_ood", ood.accuracy);
         m.set("eval/step_acc_id", id.step_accuracy);

@@ -1286,7 +1286,7 @@ fn shards_compute_what_one_batch_does() {
 
     // Greedy rollouts draw nothing: two threads play what one does.
     let exp = rlany::Experiment::parse(TINY, Path::new("tiny.ron")).expect("tiny");
-    let env = rlany::build_environment(&exp);
+    let env = rlany::build_environment(&exp).expect("environment");
     let episodes = || {
         (0..9)
             .map(|i| {
@@ -1670,5 +1670,131 @@ fn bench_models_writes_json_the_report_compares() {
     // Nothing asked, or two dtypes for the models: usage errors.
     assert_eq!(rlany(&["bench"]), 2);
     assert_eq!(rlany(&["bench", "--models", "--dtype", "f32,bf16"]), 2);
+    let _ = fs::remove_dir_all(dir);
+}
+
+/// `experiments/process_smoke.ron` with its child started in the repository root (the
+/// shipped command is relative to it) and, when given, another command.
+fn process_smoke(command: Option<Vec<String>>) -> rlany::Experiment {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut exp = rlany::Experiment::load(&root.join("experiments/process_smoke.ron"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let rlany::EnvironmentSpec::Process(p) = &mut exp.environment else {
+        panic!("process_smoke.ron names a process environment");
+    };
+    p.cwd = root.to_string_lossy().into_owned();
+    if let Some(c) = command {
+        p.command = c;
+    }
+    exp
+}
+
+/// The shipped process experiment, as shipped (only the child's working directory set):
+/// the warm start, the PPO steps and the evaluations through two Python children.
+#[test]
+fn the_process_smoke_experiment_runs_end_to_end_as_shipped() {
+    let dir = scratch("process-smoke");
+    let exp = process_smoke(None);
+    let f = write(&dir, "p.ron", &exp.to_ron());
+    let runs = dir.join("runs").to_string_lossy().into_owned();
+    let t = std::time::Instant::now();
+    assert_eq!(rlany(&["run", &f, "--runs-dir", &runs, "--no-progress"]), 0);
+    eprintln!("process_smoke: {:.1} s", t.elapsed().as_secs_f64());
+    let m = metrics(&dir.join("runs/process_smoke/seed-1"));
+    assert_eq!(m.len(), exp.budget.steps + 1);
+    let evals = m.iter().filter(|l| l.get("eval/acc_id").is_some()).count();
+    assert_eq!(evals, 3, "steps 0, 3, 6");
+    assert!(
+        m.iter()
+            .all(|l| l.get("env/difficulty/distance").is_some() || l["step"] == 0)
+    );
+    let _ = fs::remove_dir_all(dir);
+}
+
+/// A child that starts crashing mid-run stops it with an error naming the command and the
+/// crash, before the next checkpoint; once the child is fixed the run resumes from its last
+/// checkpoint to the metrics of a run that never broke.
+#[test]
+fn a_process_environment_run_stops_clearly_and_resumes_exactly() {
+    let dir = scratch("process-resume");
+    let sentinel = dir.join("break");
+    let broken = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../environments/process/testdata/broken.py")
+        .to_string_lossy()
+        .into_owned();
+    let command = vec![
+        "python3".to_string(),
+        broken,
+        "crash-if".into(),
+        sentinel.to_string_lossy().into_owned(),
+    ];
+    let exp = process_smoke(Some(command));
+    let runs = dir.join("runs");
+    let runs_s = runs.to_string_lossy().into_owned();
+    let whole = write(
+        &dir,
+        "whole.ron",
+        &exp.to_ron().replace("process_smoke", "whole"),
+    );
+    assert_eq!(
+        rlany(&["run", &whole, "--runs-dir", &runs_s, "--no-progress"]),
+        0
+    );
+    let f = write(&dir, "p.ron", &exp.to_ron());
+    assert_eq!(
+        rlany(&[
+            "run",
+            &f,
+            "--runs-dir",
+            &runs_s,
+            "--no-progress",
+            "--stop-after",
+            "3"
+        ]),
+        0
+    );
+    let run = runs.join("process_smoke/seed-1");
+    fs::write(&sentinel, "").expect("sentinel");
+    let opts = rlany_framework::TrainOptions {
+        run_dir: run.clone(),
+        resume: true,
+        stop_after: None,
+        progress: false,
+        log_lines: false,
+        meta: Value::Null,
+        warm_cache: None,
+        checkpoint: None,
+        observer: None,
+    };
+    let t = std::time::Instant::now();
+    let err = format!(
+        "{:#}",
+        rlany::run(&exp, 1, &opts).expect_err("the child crashes")
+    );
+    assert!(t.elapsed().as_secs_f64() < 20.0, "{:?}", t.elapsed());
+    // Step 4's first step call crashes each of the two children (2 failed calls; the
+    // episodes they held end unsolved without a call), step 5's restarted child crashes a
+    // third time: max_failures 3 stops the run there, before its checkpoint.
+    for part in [
+        "training step 5",
+        "last checkpoint is intact",
+        "broken.py crash-if",
+        "exited during `step`",
+        "crashed on purpose",
+        "max_failures is 3",
+    ] {
+        assert!(err.contains(part), "{part:?} not in {err}");
+    }
+    let m = metrics(&run);
+    assert_eq!(m.len(), 5, "steps 0–4 logged, no step 5");
+    assert_eq!(m[4]["env/acc_mean"], 0.0, "step 4: every episode failed");
+    fs::remove_file(&sentinel).expect("fixed");
+    let run_s = run.to_string_lossy().into_owned();
+    assert_eq!(rlany(&["run", &f, "--resume", &run_s, "--no-progress"]), 0);
+    assert_eq!(
+        metrics(&run),
+        metrics(&runs.join("whole/seed-1")),
+        "resumed run must match the uninterrupted one"
+    );
     let _ = fs::remove_dir_all(dir);
 }

@@ -1,0 +1,457 @@
+//! `process`: an environment that lives in another process, spoken to in JSON lines.
+//!
+//! `environment: Process(command: ["python3", "environments/process/reference.py"], ...)`
+//! starts the command (an argument list: no shell is involved) and speaks protocol 1 with
+//! it on its stdin and stdout, one JSON object per line; the protocol is specified in
+//! `environments/process/PROTOCOL.md`, its serving side in Python (no dependencies) is
+//! `environments/process/rlany_protocol.py`, and `environments/process/reference.py` is the
+//! reference environment the tests and `experiments/process_smoke.ron` use.
+//!
+//! # What maps to what
+//!
+//! | the loop asks                        | the host sends (the child answers)               |
+//! |--------------------------------------|--------------------------------------------------|
+//! | build: difficulty space, eval grid   | `hello` (`name`, `dims`, `eval_levels`)          |
+//! | `sample(d, split, seed)`             | `reset` (`prompt`, `instructions`, `key`)        |
+//! | `Episode::step(action)`              | `step` (`observation`, `done`, `won`, `label`, `dims`, `blame`) |
+//! | `oracle_label`, `step_dims`, `oracle_blame`, `outcome` | nothing: kept from the `step` replies |
+//! | `demonstration(d, noise, seed)`      | `reset` (for the prompt), `close`, `demo` (`actions`) |
+//! | the episode is dropped               | `close` (its reply is not waited for)            |
+//!
+//! # Children, failures, the fault
+//!
+//! `children` processes run side by side; episodes are dealt to them round robin, and each
+//! child holds many episodes (the host names each by an id). A child is started when it is
+//! first needed; one call waits at most `timeout_s` for its reply, and a reply line may
+//! have at most `max_line_kib` KiB. A call that fails — the child crashed or exited, did not
+//! answer in time, wrote something that is not a reply of the protocol or too long a line,
+//! or answered `error` — fails its episode: the episode ends at once, unsolved, its step
+//! labelled wrong (`sample` hands out an episode that is already over). Except after an
+//! `error` reply the child is killed and the next call starts a new one; the other episodes
+//! it held end the same way at their next step. After `max_failures` failed calls with no
+//! successful `step` between them the environment is *faulted* ([`Environment::fault`]): nothing more is started, and the
+//! loop stops the run with that message (naming the command, the failure and the end of
+//! the child's stderr) before its next checkpoint, so the run resumes from the last one.
+//! A restarted child that describes another difficulty space than the first is a failure
+//! too. How many failures are tolerated is the experiment's choice: `max_failures: 1` stops
+//! at the first.
+//!
+//! Everything the environment promises (a task is a pure function of `(difficulty, split,
+//! seed)`; any action text is accepted; the expert's trajectory solves its task) is the
+//! child's promise; `rlany env` checks it on a few tasks before it shows one
+//! ([`conformance`]).
+
+pub mod child;
+pub mod conformance;
+pub mod pool;
+pub mod reply;
+
+use child::Limits;
+use pool::{CallFailed, Launch, Pool};
+use rlany_framework::check::{self, Checked, FieldError};
+use rlany_framework::plugin::EnvironmentPlugin;
+use rlany_framework::{Difficulty, Dim, Environment, Episode, Split, StepResult};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The prompt of an episode whose `reset` failed.
+pub const FAILED_PROMPT: &str = "(the environment process failed)\n";
+
+/// The `process` settings of an experiment file:
+/// `environment: Process(command: ["python3", "env.py"], difficulty: [0.2, 0.2])`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProcessSpec {
+    /// The program and its arguments, run without a shell.
+    pub command: Vec<String>,
+    /// The child's working directory (empty: the current directory).
+    pub cwd: String,
+    /// Starting difficulty of every task slot, one value in `[0, 1]` per dimension the
+    /// child describes (checked when the environment is built).
+    pub difficulty: Vec<f64>,
+    /// Child processes run side by side.
+    pub children: usize,
+    /// How long one call may wait for its reply, in seconds.
+    pub timeout_s: f64,
+    /// The longest reply line, in KiB.
+    pub max_line_kib: usize,
+    /// Failed calls in a row that stop the run.
+    pub max_failures: usize,
+}
+
+impl Default for ProcessSpec {
+    fn default() -> Self {
+        Self {
+            command: Vec::new(),
+            cwd: String::new(),
+            difficulty: Vec::new(),
+            children: 2,
+            timeout_s: 30.0,
+            max_line_kib: 1024,
+            max_failures: 3,
+        }
+    }
+}
+
+/// Longest command element, in characters.
+const MAX_ARG_CHARS: usize = 4096;
+
+impl ProcessSpec {
+    fn launch(&self) -> Launch {
+        Launch {
+            command: self.command.clone(),
+            cwd: (!self.cwd.is_empty()).then(|| PathBuf::from(&self.cwd)),
+            limits: Limits {
+                timeout: Duration::from_secs_f64(self.timeout_s.clamp(0.001, 86_400.0)),
+                max_line_bytes: self.max_line_kib.saturating_mul(1024),
+            },
+        }
+    }
+
+    /// The environment, or why its first child did not start and describe itself.
+    pub fn try_build(&self) -> Result<ProcessEnv, child::ProcessError> {
+        let pool = Pool::start(self.launch(), self.children, self.max_failures)?;
+        Ok(ProcessEnv {
+            pool: Ok(Arc::new(pool)),
+        })
+    }
+}
+
+impl EnvironmentPlugin for ProcessSpec {
+    fn validate(&self) -> Checked {
+        if self.command.is_empty() || self.command[0].is_empty() {
+            return Err(FieldError::new(
+                "command",
+                "give the program and its arguments, e.g. [\"python3\", \"environments/process/reference.py\"]",
+            ));
+        }
+        check::count("command", self.command.len(), 1, 256)?;
+        if let Some(a) = self
+            .command
+            .iter()
+            .find(|a| a.len() > MAX_ARG_CHARS || a.contains('\0'))
+        {
+            return Err(FieldError::new(
+                "command",
+                format!(
+                    "an argument is longer than {MAX_ARG_CHARS} characters or holds a NUL: {:.40}…",
+                    a
+                ),
+            ));
+        }
+        check::count("difficulty", self.difficulty.len(), 1, reply::MAX_DIMS)?;
+        if let Some(x) = self.difficulty.iter().find(|x| !(0.0..=1.0).contains(*x)) {
+            return Err(FieldError::new(
+                "difficulty",
+                format!("{x} is outside [0, 1]"),
+            ));
+        }
+        check::count("children", self.children, 1, 64)?;
+        check::positive("timeout_s", self.timeout_s, 86_400.0)?;
+        check::count("max_line_kib", self.max_line_kib, 1, 1 << 20)?;
+        check::count("max_failures", self.max_failures, 1, 1_000_000)
+    }
+
+    fn start_difficulty(&self) -> Difficulty {
+        self.difficulty.clone()
+    }
+
+    /// Starts the first child; an environment that could not start is returned faulted
+    /// (its [`Environment::fault`] says why, and it has no dimensions).
+    fn build(&self) -> Box<dyn Environment> {
+        match self.try_build() {
+            Ok(env) => Box::new(env),
+            Err(e) => Box::new(ProcessEnv {
+                pool: Err(e.to_string()),
+            }),
+        }
+    }
+}
+
+/// The environment: a pool of children (or why there is none).
+#[derive(Debug)]
+pub struct ProcessEnv {
+    pool: Result<Arc<Pool>, String>,
+}
+
+fn split_name(split: Split) -> &'static str {
+    match split {
+        Split::Train => "train",
+        Split::Eval => "eval",
+        Split::Ood => "ood",
+    }
+}
+
+/// A JSON body of `(key, value)` pairs.
+fn body<const N: usize>(fields: [(&str, Value); N]) -> Map<String, Value> {
+    fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}
+
+impl ProcessEnv {
+    /// The child's name and version (`hello`).
+    pub fn name(&self) -> Option<(String, Option<String>)> {
+        let p = self.pool.as_ref().ok()?;
+        Some((p.describe().name.clone(), p.describe().version.clone()))
+    }
+
+    /// Failed calls so far (each failed one episode).
+    pub fn failed_calls(&self) -> u64 {
+        self.pool.as_ref().map_or(0, |p| p.failed_calls())
+    }
+
+    /// Like [`Environment::sample`], with the reason when the episode failed at `reset`.
+    pub fn try_sample(&self, d: &[f64], split: Split, seed: u64) -> Result<ProcessEpisode, String> {
+        let pool = self.pool.as_ref().map_err(Clone::clone)?;
+        let (slot, id) = pool.assign();
+        let dims = pool.describe().dims.len();
+        let d: Vec<f64> = (0..dims)
+            .map(|i| {
+                d.get(i)
+                    .copied()
+                    .filter(|x| !x.is_nan())
+                    .unwrap_or(0.0)
+                    .clamp(0.0, 1.0)
+            })
+            .collect();
+        let req = body([
+            ("episode", id.into()),
+            ("difficulty", d.into()),
+            ("split", split_name(split).into()),
+            ("seed", seed.into()),
+        ]);
+        let (r, generation) = pool
+            .call(slot, None, "reset", req)
+            .map_err(|CallFailed(e)| e)?;
+        let reset = reply::Reset::read(&r)
+            .map_err(|why| pool.bad_reply(slot, generation, "reset", why).0)?;
+        Ok(ProcessEpisode {
+            pool: Some(Arc::clone(pool)),
+            slot,
+            generation,
+            id,
+            key: reset.key.unwrap_or_else(|| reset.prompt.clone()),
+            prompt: reset.prompt,
+            instructions: reset.instructions,
+            steps: Vec::new(),
+            done: false,
+            won: false,
+            error: None,
+        })
+    }
+
+    /// Like [`Environment::demonstration`], with the reason when it failed.
+    pub fn try_demonstration(
+        &self,
+        d: &[f64],
+        noise: f64,
+        seed: u64,
+    ) -> Result<(String, Vec<String>), String> {
+        let prompt = self.try_sample(d, Split::Train, seed)?.prompt.clone();
+        let pool = self.pool.as_ref().map_err(Clone::clone)?;
+        let dims = pool.describe().dims.len();
+        let d: Vec<f64> = (0..dims)
+            .map(|i| d.get(i).copied().unwrap_or(0.0).clamp(0.0, 1.0))
+            .collect();
+        let (slot, _) = pool.assign();
+        let req = body([
+            ("difficulty", d.into()),
+            ("noise", noise.into()),
+            ("seed", seed.into()),
+        ]);
+        let (r, generation) = pool
+            .call(slot, None, "demo", req)
+            .map_err(|CallFailed(e)| e)?;
+        let actions =
+            reply::demo(&r).map_err(|why| pool.bad_reply(slot, generation, "demo", why).0)?;
+        Ok((prompt, actions))
+    }
+}
+
+impl Environment for ProcessEnv {
+    fn difficulty_space(&self) -> Vec<Dim> {
+        self.pool
+            .as_ref()
+            .map_or_else(|_| Vec::new(), |p| p.describe().dims.clone())
+    }
+
+    fn sample(&self, d: &[f64], split: Split, seed: u64) -> Box<dyn Episode> {
+        match self.try_sample(d, split, seed) {
+            Ok(ep) => Box::new(ep),
+            Err(e) => Box::new(ProcessEpisode::failed(e)),
+        }
+    }
+
+    /// The child's `demo`; empty (no actions, the failed prompt) when a call failed.
+    fn demonstration(&self, d: &[f64], noise: f64, seed: u64) -> (String, Vec<String>) {
+        self.try_demonstration(d, noise, seed)
+            .unwrap_or_else(|_| (FAILED_PROMPT.to_owned(), Vec::new()))
+    }
+
+    fn eval_levels(&self) -> Vec<f64> {
+        self.pool.as_ref().map_or_else(
+            |_| vec![0.0, 0.25, 0.5, 0.75, 1.0],
+            |p| p.describe().eval_levels.clone(),
+        )
+    }
+
+    fn fault(&self) -> Option<String> {
+        match &self.pool {
+            Ok(p) => p.fault(),
+            Err(e) => Some(e.clone()),
+        }
+    }
+}
+
+/// What one step's reply said, kept for the loop's later questions.
+#[derive(Debug, Clone, PartialEq)]
+struct StepInfo {
+    label: bool,
+    dims: Vec<usize>,
+    blame: Vec<usize>,
+}
+
+/// One episode living in a child.
+#[derive(Debug)]
+pub struct ProcessEpisode {
+    pool: Option<Arc<Pool>>,
+    slot: usize,
+    generation: u64,
+    id: u64,
+    prompt: String,
+    instructions: Option<String>,
+    key: String,
+    steps: Vec<StepInfo>,
+    done: bool,
+    won: bool,
+    error: Option<String>,
+}
+
+impl ProcessEpisode {
+    /// An episode that is over before it began (its `reset` failed).
+    fn failed(error: String) -> Self {
+        Self {
+            pool: None,
+            slot: 0,
+            generation: 0,
+            id: 0,
+            prompt: FAILED_PROMPT.to_owned(),
+            instructions: None,
+            key: FAILED_PROMPT.to_owned(),
+            steps: Vec::new(),
+            done: true,
+            won: false,
+            error: Some(error),
+        }
+    }
+
+    /// Why the episode failed, if it did.
+    pub fn error(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+
+    /// Like [`Episode::step`], with the reason when the call failed (the episode is then over).
+    pub fn try_step(&mut self, action: &str) -> Result<StepResult, String> {
+        if self.done {
+            return Ok(StepResult {
+                observation: String::new(),
+                done: true,
+            });
+        }
+        let Some(pool) = self.pool.clone() else {
+            return Err("the episode has no environment process".into());
+        };
+        let req = body([("episode", self.id.into()), ("action", action.into())]);
+        let dims = pool.describe().dims.len();
+        let result = pool
+            .call(self.slot, Some(self.generation), "step", req)
+            .map_err(|CallFailed(e)| e)
+            .and_then(|(r, g)| {
+                reply::Step::read(&r, dims)
+                    .map_err(|why| pool.bad_reply(self.slot, g, "step", why).0)
+            });
+        match result {
+            Ok(s) => {
+                self.steps.push(StepInfo {
+                    label: s.label,
+                    dims: s.dims,
+                    blame: s.blame,
+                });
+                self.won = s.won;
+                self.done = s.done || s.won;
+                Ok(StepResult {
+                    observation: s.observation,
+                    done: self.done,
+                })
+            }
+            Err(e) => {
+                self.steps.push(StepInfo {
+                    label: false,
+                    dims: Vec::new(),
+                    blame: Vec::new(),
+                });
+                self.done = true;
+                self.won = false;
+                self.error = Some(e.clone());
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Episode for ProcessEpisode {
+    fn prompt(&self) -> String {
+        self.prompt.clone()
+    }
+
+    fn instructions(&self) -> Option<String> {
+        self.instructions.clone()
+    }
+
+    /// The child's answer; a failed call ends the episode unsolved with an empty observation.
+    fn step(&mut self, action: &str) -> StepResult {
+        self.try_step(action).unwrap_or(StepResult {
+            observation: String::new(),
+            done: true,
+        })
+    }
+
+    fn done(&self) -> bool {
+        self.done
+    }
+
+    fn outcome(&self) -> bool {
+        self.won
+    }
+
+    fn oracle_label(&self, i: usize) -> bool {
+        self.steps.get(i).is_some_and(|s| s.label)
+    }
+
+    fn step_dims(&self, i: usize) -> Vec<usize> {
+        self.steps.get(i).map_or_else(Vec::new, |s| s.dims.clone())
+    }
+
+    fn oracle_blame(&self, i: usize) -> Vec<usize> {
+        self.steps.get(i).map_or_else(Vec::new, |s| s.blame.clone())
+    }
+
+    fn task_key(&self) -> String {
+        self.key.clone()
+    }
+}
+
+impl Drop for ProcessEpisode {
+    fn drop(&mut self) {
+        if let Some(pool) = &self.pool {
+            if self.error.is_none() {
+                pool.close(self.slot, self.generation, self.id);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

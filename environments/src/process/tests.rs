@@ -1,0 +1,297 @@
+//! The process environment against the reference child and deliberately broken ones
+//! (`environments/process/testdata/broken.py`).
+
+use super::*;
+use std::time::Instant;
+
+fn script(name: &str) -> String {
+    format!("{}/process/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn reference() -> ProcessSpec {
+    ProcessSpec {
+        command: vec!["python3".into(), script("reference.py")],
+        difficulty: vec![0.5, 0.5],
+        ..ProcessSpec::default()
+    }
+}
+
+fn broken(mode: &str, timeout_s: f64, max_failures: usize) -> ProcessSpec {
+    ProcessSpec {
+        command: vec!["python3".into(), script("testdata/broken.py"), mode.into()],
+        difficulty: vec![0.5, 0.5],
+        children: 1,
+        timeout_s,
+        max_line_kib: 64,
+        max_failures,
+        ..ProcessSpec::default()
+    }
+}
+
+/// Hand-checked against `reference.py`: seed 7 at difficulty 0.5 starts at 2, walks to 7
+/// (distance 1 + sround(4) = 5) in steps of at most 1 + sround(1) = 2; the expert goes
+/// +2, +2, +1.
+#[test]
+fn the_reference_child_plays_a_task_the_expert_solves() {
+    let env = reference().try_build().expect("reference starts");
+    let names: Vec<String> = env.difficulty_space().into_iter().map(|d| d.name).collect();
+    assert_eq!(names, ["distance", "stride"]);
+    assert_eq!(env.eval_levels(), vec![0.0, 0.25, 0.5, 0.75, 1.0]);
+    let mut ep = env.sample(&[0.5, 0.5], Split::Train, 7);
+    assert_eq!(ep.prompt(), "from 2 to 7, steps up to 2\n");
+    assert!(ep.instructions().is_some_and(|i| i.contains("+N or -N")));
+    let r = ep.step("+2");
+    assert_eq!((r.observation.as_str(), r.done), ("at 4", false));
+    assert!(ep.oracle_label(0));
+    assert_eq!(ep.step_dims(0), vec![0, 1]);
+    // A wasted step: no progress, an `error:` observation, labelled wrong, no blame (invalid).
+    let r = ep.step("jump");
+    assert!(r.observation.starts_with("error:"), "{}", r.observation);
+    assert!(!ep.oracle_label(1) && ep.oracle_blame(1).is_empty());
+    // Overshooting backwards is valid but no progress: blamed on what the step exercises.
+    let r = ep.step("-1");
+    assert_eq!(r.observation, "at 3");
+    assert_eq!(ep.oracle_blame(2), vec![0, 1]);
+    assert!(!ep.outcome());
+    let (prompt, actions) = env.demonstration(&[0.5, 0.5], 0.0, 7);
+    assert_eq!(prompt, "from 2 to 7, steps up to 2\n");
+    assert_eq!(actions, ["+2", "+2", "+1"]);
+    let mut ep = env.sample(&[0.5, 0.5], Split::Train, 7);
+    for a in &actions {
+        ep.step(a);
+    }
+    assert!(ep.done() && ep.outcome());
+    // The OOD split walks down.
+    let ood = env.sample(&[0.5, 0.5], Split::Ood, 7).prompt();
+    let nums: Vec<i64> = ood
+        .split(|c: char| !c.is_ascii_digit() && c != '-')
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    assert!(nums[1] < nums[0], "{ood}");
+    assert_eq!(env.fault(), None);
+    assert_eq!(env.failed_calls(), 0);
+}
+
+#[test]
+fn two_environments_give_the_same_tasks_and_many_episodes_share_children() {
+    let (a, b) = (reference().build(), reference().build());
+    let mut eps: Vec<Box<dyn Episode>> = (0..10)
+        .map(|s| a.sample(&[0.3, 0.9], Split::Eval, s))
+        .collect();
+    for (s, ep) in eps.iter_mut().enumerate() {
+        assert_eq!(
+            ep.prompt(),
+            b.sample(&[0.3, 0.9], Split::Eval, s as u64).prompt()
+        );
+        assert!(!ep.step("+1").observation.is_empty());
+    }
+}
+
+#[test]
+fn the_reference_child_passes_the_conformance_checks() {
+    let checks = conformance::run(&reference());
+    assert_eq!(checks.len(), 6);
+    for c in &checks {
+        assert!(c.ok, "{}: {}", c.name, c.detail);
+    }
+    // 5 levels × 3 seeds.
+    assert!(
+        checks[3].detail.starts_with("15 of 15 tasks"),
+        "{}",
+        checks[3].detail
+    );
+}
+
+/// A broken child fails its episode at the first step, within its timeout, and faults the
+/// environment with a message naming the command and what happened.
+fn fails_clearly(mode: &str, timeout_s: f64, expect: &[&str]) {
+    let env = broken(mode, timeout_s, 1).build();
+    assert_eq!(env.fault(), None, "{mode}: hello and reset still work");
+    let mut ep = env.sample(&[0.5, 0.5], Split::Train, 7);
+    assert_eq!(ep.prompt(), "from 2 to 7, steps up to 2\n");
+    let t = Instant::now();
+    let r = ep.step("+2");
+    let took = t.elapsed().as_secs_f64();
+    assert!(took < timeout_s + 2.0, "{mode}: {took} s");
+    assert!(r.done && r.observation.is_empty() && ep.done() && !ep.outcome());
+    assert!(!ep.oracle_label(0));
+    let fault = env.fault().unwrap_or_else(|| panic!("{mode}: no fault"));
+    for e in expect
+        .iter()
+        .chain(&["broken.py", mode, "max_failures is 1"])
+    {
+        assert!(fault.contains(e), "{mode}: {e:?} not in {fault}");
+    }
+    // Faulted: later calls fail at once, starting nothing.
+    let t = Instant::now();
+    let ep = env.sample(&[0.5, 0.5], Split::Train, 8);
+    assert!(ep.done() && ep.prompt() == FAILED_PROMPT);
+    assert!(t.elapsed().as_secs_f64() < 0.5);
+}
+
+#[test]
+fn a_crashing_child_is_named_with_its_exit_status_and_stderr() {
+    fails_clearly(
+        "crash",
+        10.0,
+        &[
+            "exited during `step`",
+            "exit status: 3",
+            "crashed on purpose",
+        ],
+    );
+}
+
+#[test]
+fn a_hanging_child_is_killed_at_its_timeout() {
+    fails_clearly("hang", 1.0, &["sent no reply to `step` within 1 s"]);
+}
+
+#[test]
+fn a_child_writing_garbage_is_named_with_the_line() {
+    fails_clearly("garbage", 10.0, &["not JSON", "this is not json"]);
+}
+
+#[test]
+fn an_oversized_line_is_refused_before_it_is_read_whole() {
+    fails_clearly("oversized", 10.0, &["longer than 65536 bytes"]);
+}
+
+#[test]
+fn a_reply_to_another_request_is_garbage() {
+    fails_clearly("wrongseq", 10.0, &["seq is not"]);
+}
+
+#[test]
+fn a_child_that_fails_its_hello_faults_the_environment_at_build() {
+    for (mode, expect) in [
+        ("silent", "sent no reply to `hello` within 1 s"),
+        ("nodims", "1 to 16 dimensions"),
+        ("oldproto", "speaks protocol 0"),
+    ] {
+        let t = Instant::now();
+        let env = broken(mode, 1.0, 3).build();
+        assert!(t.elapsed().as_secs_f64() < 3.0, "{mode}");
+        let fault = env.fault().unwrap_or_else(|| panic!("{mode}: no fault"));
+        assert!(
+            fault.contains(expect) && fault.contains("broken.py"),
+            "{fault}"
+        );
+        assert!(env.difficulty_space().is_empty());
+    }
+    let missing = ProcessSpec {
+        command: vec!["/no/such/program".into()],
+        ..reference()
+    };
+    let fault = missing.build().fault().expect("fault");
+    assert!(
+        fault.contains("`/no/such/program` could not be started"),
+        "{fault}"
+    );
+}
+
+/// `flaky` crashes at the first step of every even-seeded episode: those episodes fail, the
+/// child is replaced, the episodes it held are lost, and with successes in between the
+/// environment never faults (max_failures 3).
+#[test]
+fn a_flaky_child_is_restarted_and_its_episodes_count_as_failed() {
+    let env = broken("flaky", 10.0, 3).try_build().expect("starts");
+    // Both on the one child: the odd one is lost when the even one crashes it.
+    let mut odd = env.sample(&[0.5, 0.5], Split::Train, 7);
+    let mut even = env.sample(&[0.5, 0.5], Split::Train, 8);
+    assert!(!even.step("+1").observation.starts_with("at") && even.done() && !even.outcome());
+    assert!(odd.step("+2").done && !odd.outcome());
+    let (mut solved, mut failed) = (0, 0);
+    for seed in 10..20u64 {
+        let (_, actions) = env.demonstration(&[0.5, 0.5], 0.0, seed);
+        let mut ep = env.sample(&[0.5, 0.5], Split::Train, seed);
+        for a in &actions {
+            ep.step(a);
+        }
+        if ep.outcome() {
+            solved += 1;
+        } else {
+            failed += 1;
+        }
+    }
+    assert_eq!((solved, failed), (5, 5));
+    assert_eq!(env.fault(), None);
+    // The crash at seed 8 and 5 crashes at even seeds (the lost episode made no call).
+    assert_eq!(env.failed_calls(), 6);
+}
+
+#[test]
+fn three_failures_in_a_row_fault_the_environment() {
+    let env = broken("crash", 10.0, 3).build();
+    for seed in 0..2 {
+        let mut ep = env.sample(&[0.5, 0.5], Split::Train, seed);
+        ep.step("+1");
+        assert_eq!(env.fault(), None, "after {} failures", seed + 1);
+    }
+    let mut ep = env.sample(&[0.5, 0.5], Split::Train, 2);
+    ep.step("+1");
+    let fault = env.fault().expect("third failure faults");
+    assert!(
+        fault.contains("3 failed calls since the last good step"),
+        "{fault}"
+    );
+}
+
+#[test]
+fn the_conformance_checks_name_a_broken_child() {
+    let checks = conformance::run(&broken("garbage", 5.0, 1000));
+    let failed: Vec<&str> = checks.iter().filter(|c| !c.ok).map(|c| c.name).collect();
+    assert!(
+        failed.contains(&"deterministic") && failed.contains(&"expert solves"),
+        "{checks:?}"
+    );
+    assert!(checks[0].ok && checks[1].ok, "{checks:?}");
+}
+
+#[test]
+fn bad_settings_are_refused_by_field() {
+    let field = |s: ProcessSpec| s.validate().expect_err("invalid").field;
+    assert_eq!(
+        field(ProcessSpec {
+            command: vec![],
+            ..reference()
+        }),
+        "command"
+    );
+    assert_eq!(
+        field(ProcessSpec {
+            difficulty: vec![],
+            ..reference()
+        }),
+        "difficulty"
+    );
+    assert_eq!(
+        field(ProcessSpec {
+            difficulty: vec![1.5],
+            ..reference()
+        }),
+        "difficulty"
+    );
+    assert_eq!(
+        field(ProcessSpec {
+            children: 0,
+            ..reference()
+        }),
+        "children"
+    );
+    assert_eq!(
+        field(ProcessSpec {
+            timeout_s: 0.0,
+            ..reference()
+        }),
+        "timeout_s"
+    );
+    assert_eq!(
+        field(ProcessSpec {
+            max_failures: 0,
+            ..reference()
+        }),
+        "max_failures"
+    );
+    assert!(reference().validate().is_ok());
+}
