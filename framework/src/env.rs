@@ -54,6 +54,11 @@ pub trait Episode: Send {
     }
     /// Apply one action (one step of generated text, without the delimiter).
     fn step(&mut self, action: &str) -> StepResult;
+    /// Starts [`Self::step`] with `action` where the work happens elsewhere (another
+    /// process): a rollout calls it for every active episode of a turn before it calls
+    /// their `step`s with the same actions, so that episodes living in different processes
+    /// advance in parallel. The default does nothing.
+    fn submit(&mut self, _action: &str) {}
     /// Whether the episode has ended.
     fn done(&self) -> bool;
     /// The verifier: did the trajectory so far solve the task?
@@ -91,6 +96,15 @@ pub trait Environment: Send + Sync {
     /// *rewrite* (same seed, another difficulty) keeps everything the changed dimensions do
     /// not control. `d` is clamped to `[0, 1]` per dimension.
     fn sample(&self, d: &[f64], split: Split, seed: u64) -> Box<dyn Episode>;
+    /// [`Self::sample`] of each `(difficulty, split, seed)`, in order; an environment in
+    /// other processes starts them in parallel. The loop draws a step's and an evaluation's
+    /// tasks through it.
+    fn sample_many(&self, tasks: &[(Difficulty, Split, u64)]) -> Vec<Box<dyn Episode>> {
+        tasks
+            .iter()
+            .map(|(d, split, seed)| self.sample(d, *split, *seed))
+            .collect()
+    }
     /// The expert's solution of the task `sample(d, Split::Train, seed)` for the supervised
     /// warm start: `(prompt, steps)` where each step is one action line. `noise` is the
     /// environment's own notion of a flawed expert (documented by each environment) so that

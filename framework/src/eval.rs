@@ -76,14 +76,10 @@ pub fn evaluate<B: Backend, M: CausalLm<B>>(
         },
     );
     let level = |i: usize| levels.get(i % levels.len().max(1)).copied().unwrap_or(0.5);
-    let episodes = (0..n)
-        .map(|i| {
-            (
-                i,
-                env.sample(&vec![level(i); dims], split, task_rng.next_u64()),
-            )
-        })
+    let tasks: Vec<_> = (0..n)
+        .map(|i| (vec![level(i); dims], split, task_rng.next_u64()))
         .collect();
+    let episodes = (0..n).zip(env.sample_many(&tasks)).collect();
     let params = SampleParams {
         temperature: 0.0,
         top_p: 1.0,

@@ -248,12 +248,13 @@ pub fn labelled_steps<B: Backend, P: CausalLm<B>>(
         if out.len() >= n {
             break;
         }
-        let episodes = (0..32)
-            .map(|i| {
+        let tasks: Vec<_> = (0..32)
+            .map(|_| {
                 let d: Vec<f64> = (0..dims).map(|_| rng.uniform()).collect();
-                (i, env.sample(&d, Split::Train, rng.next_u64()))
+                (d, Split::Train, rng.next_u64())
             })
             .collect();
+        let episodes = (0..32).zip(env.sample_many(&tasks)).collect();
         let trajs = rollout(policy, tok, episodes, params, max_env_steps, rng);
         for t in &trajs {
             for i in 0..t.steps.len() {

@@ -99,7 +99,16 @@ pub fn rollout<B: Backend, M: CausalLm<B>>(
             .map(|&i| eps[i].2[known[i]..].to_vec())
             .collect();
         let gens = model.extend(&mut contexts, &active, &appended, params, rng);
-        for (&i, g) in active.iter().zip(gens) {
+        let texts: Vec<String> = gens
+            .iter()
+            .map(|g| format.action_text(tok, &g.tokens))
+            .collect();
+        // Every episode's step starts before any is awaited (environments in other
+        // processes advance in parallel).
+        for (&i, text) in active.iter().zip(&texts) {
+            eps[i].1.submit(text);
+        }
+        for ((&i, g), text) in active.iter().zip(gens).zip(texts) {
             finite[i] &= g.logprobs.iter().all(|l| l.is_finite());
             let (_, ep, ctx, steps) = &mut eps[i];
             let start = ctx.len();
@@ -108,7 +117,6 @@ pub fn rollout<B: Backend, M: CausalLm<B>>(
             known[i] = end;
             // A step cut short still ends its line (or message) in the context, untrained.
             ctx.extend(format.close_action(tok, &g.tokens));
-            let text = format.action_text(tok, &g.tokens);
             let result = ep.step(&text);
             let oracle = ep.oracle_label(steps.len());
             let oracle_blame = if oracle {

@@ -141,7 +141,9 @@ pub fn draw_tasks(
     task_rng: &mut Rng,
 ) -> (Vec<Group>, Episodes) {
     let mut groups = Vec::new();
-    let mut episodes = Vec::new();
+    // (group, task) per episode, sampled together below.
+    let mut members = Vec::new();
+    let mut tasks = Vec::new();
     for ((k, slot), seed) in slots
         .iter()
         .enumerate()
@@ -150,7 +152,8 @@ pub fn draw_tasks(
         let pending = slot.pending.as_ref().map(|p| (true, p.difficulty.clone()));
         for (is_pending, d) in std::iter::once((false, slot.difficulty.clone())).chain(pending) {
             for _ in 0..group_size {
-                episodes.push((groups.len(), env.sample(&d, Split::Train, seed)));
+                members.push(groups.len());
+                tasks.push((d.clone(), Split::Train, seed));
             }
             groups.push(Group {
                 slot: k,
@@ -162,6 +165,7 @@ pub fn draw_tasks(
             });
         }
     }
+    let episodes = members.into_iter().zip(env.sample_many(&tasks)).collect();
     (groups, episodes)
 }
 

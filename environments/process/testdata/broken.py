@@ -10,6 +10,7 @@ below), then, by MODE:
   flaky     crashes on the first step of every episode whose seed is even
   crash-if PATH   crashes at every step while the file PATH exists (the reference
             environment otherwise)
+  slow      is correct but sleeps 0.3 s in every reset and step
 and at `hello`:
   oldproto  claims protocol 0
   nodims    describes no dimensions
@@ -30,6 +31,9 @@ OUT = sys.stdout
 
 
 def misbehave():
+    if MODE == "slow":
+        time.sleep(0.3)
+        return
     if MODE == "crash-if" and not Path(sys.argv[2]).exists():
         return
     if MODE in ("crash", "crash-if"):
@@ -61,6 +65,8 @@ class Broken(reference.Numberline):
         return d
 
     def reset(self, difficulty, split, seed):
+        if MODE == "slow":
+            time.sleep(0.3)
         ep = super().reset(difficulty, split, seed)
         inner = ep.step
 

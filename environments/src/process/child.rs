@@ -4,16 +4,19 @@
 //! A reader thread turns the child's stdout into lines (each at most `max_line_bytes`,
 //! checked before the line is complete, so a child that never writes a newline cannot grow
 //! memory); a second thread keeps the last [`STDERR_TAIL`] bytes of its stderr for the
-//! error message. [`Child::call`] writes one request and waits for the reply with the same
-//! `seq` until the deadline; replies to requests sent with [`Child::send_ignored`] (`close`)
-//! are dropped when they arrive.
+//! error message. [`Child::send`] writes one request and returns its `seq`;
+//! [`Child::receive`] waits for the reply with that `seq` until the deadline, keeping the
+//! replies to other outstanding requests for their own `receive` (so requests to several
+//! children can be in flight at once); replies to requests sent with
+//! [`Child::send_ignored`] (`close`) are dropped when they arrive.
 
 use serde_json::{Map, Value};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -22,8 +25,9 @@ use std::time::{Duration, Instant};
 pub const PROTOCOL: u64 = 1;
 /// Bytes of the child's stderr kept for error messages.
 pub const STDERR_TAIL: usize = 2048;
-/// Lines the reader thread may hold before the child blocks on its stdout.
-const QUEUE: usize = 64;
+/// Reply bytes read but not yet received, in units of the line limit: more is a child
+/// flooding its stdout.
+const QUEUED_LINES: usize = 64;
 
 /// Limits of every call.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -59,6 +63,16 @@ pub enum Failure {
     /// A reply line over the limit.
     #[error("wrote a line longer than {limit} bytes during `{op}` (the child was killed)")]
     Oversized {
+        /// The request's `op`.
+        op: String,
+        /// The limit.
+        limit: usize,
+    },
+    /// More unread output than any outstanding requests explain.
+    #[error(
+        "wrote more than {limit} bytes that were not asked for during `{op}` (the child was killed)"
+    )]
+    Flood {
         /// The request's `op`.
         op: String,
         /// The limit.
@@ -129,18 +143,27 @@ fn excerpt(bytes: &[u8]) -> String {
 enum End {
     Closed,
     Oversized,
+    Flood,
 }
 
 /// A running child.
 pub struct Child {
     command: String,
     process: std::process::Child,
-    stdin: Option<ChildStdin>,
+    /// Request lines to the writer thread (which owns the child's stdin: a child that stops
+    /// reading never blocks the host).
+    stdin: Option<Sender<Vec<u8>>>,
     lines: Receiver<Result<Vec<u8>, End>>,
+    /// Bytes the reader thread holds that no `receive` has taken yet.
+    queued: Arc<AtomicUsize>,
     stderr: Arc<Mutex<Vec<u8>>>,
     limits: Limits,
     next_seq: u64,
     ignored: HashSet<u64>,
+    /// Sent, reply not yet received.
+    outstanding: HashSet<u64>,
+    /// Replies that arrived while another was awaited.
+    arrived: HashMap<u64, Map<String, Value>>,
 }
 
 impl std::fmt::Debug for Child {
@@ -192,21 +215,28 @@ impl Child {
                 return Err(spawn_err("its pipes could not be opened".into()));
             }
         };
-        let (tx, lines) = mpsc::sync_channel(QUEUE);
+        let (tx, lines) = mpsc::channel();
         let max = limits.max_line_bytes;
-        thread::spawn(move || read_lines(stdout, max, tx));
+        let queued = Arc::new(AtomicUsize::new(0));
+        let q = Arc::clone(&queued);
+        thread::spawn(move || read_lines(stdout, max, max.saturating_mul(QUEUED_LINES), q, tx));
+        let (stdin_tx, stdin_rx) = mpsc::channel::<Vec<u8>>();
+        thread::spawn(move || write_lines(stdin, stdin_rx));
         let stderr = Arc::new(Mutex::new(Vec::new()));
         let tail = Arc::clone(&stderr);
         thread::spawn(move || keep_tail(stderr_pipe, tail));
         Ok(Self {
             command: name,
             process,
-            stdin: Some(stdin),
+            stdin: Some(stdin_tx),
+            queued,
             lines,
             stderr,
             limits,
             next_seq: 0,
             ignored: HashSet::new(),
+            outstanding: HashSet::new(),
+            arrived: HashMap::new(),
         })
     }
 
@@ -241,8 +271,10 @@ impl Child {
         body.insert("op".into(), op.into());
         let mut line = Value::Object(body).to_string();
         line.push('\n');
-        let result = match self.stdin.as_mut() {
-            Some(s) => s.write_all(line.as_bytes()).and_then(|_| s.flush()),
+        let result = match self.stdin.as_ref() {
+            Some(s) => s
+                .send(line.into_bytes())
+                .map_err(|_| std::io::Error::other("its stdin is closed")),
             None => Err(std::io::Error::other("its stdin is closed")),
         };
         match result {
@@ -273,20 +305,64 @@ impl Child {
         Ok(())
     }
 
-    /// One request and its reply (without `seq`). An `error` reply is
-    /// [`Failure::Refused`]; every other failure kills the child, which must then be
-    /// replaced.
+    /// Gives up on the reply to request `seq`: it is dropped when it arrives.
+    pub fn forget(&mut self, seq: u64) {
+        if self.arrived.remove(&seq).is_none() && self.outstanding.remove(&seq) {
+            self.ignored.insert(seq);
+        }
+    }
+
+    /// One request and its reply (without `seq`): [`Self::send`], then [`Self::receive`].
     pub fn call(
         &mut self,
         op: &str,
         body: Map<String, Value>,
     ) -> Result<Map<String, Value>, ProcessError> {
+        let seq = self.send(op, body)?;
+        self.receive(op, seq)
+    }
+
+    /// Writes a request whose reply [`Self::receive`] will wait for; returns its `seq`.
+    pub fn send(&mut self, op: &str, body: Map<String, Value>) -> Result<u64, ProcessError> {
         let seq = self.write(op, body)?;
+        self.outstanding.insert(seq);
+        Ok(seq)
+    }
+
+    /// The reply to request `seq` (an `op` request), waiting at most the per-call timeout.
+    /// An `error` reply is [`Failure::Refused`]; every other failure kills the child, which
+    /// must then be replaced.
+    pub fn receive(&mut self, op: &str, seq: u64) -> Result<Map<String, Value>, ProcessError> {
+        let refused = |child: &mut Self, reply: Map<String, Value>| match reply.get("error") {
+            Some(e) => {
+                let message = e.as_str().map_or_else(|| e.to_string(), str::to_owned);
+                Err(child.error(Failure::Refused {
+                    op: op.into(),
+                    message,
+                }))
+            }
+            None => Ok(reply),
+        };
+        if let Some(reply) = self.arrived.remove(&seq) {
+            self.outstanding.remove(&seq);
+            return refused(self, reply);
+        }
         let deadline = Instant::now() + self.limits.timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let line = match self.lines.recv_timeout(left) {
-                Ok(Ok(line)) => line,
+                Ok(Ok(line)) => {
+                    self.queued.fetch_sub(line.len(), Ordering::Relaxed);
+                    line
+                }
+                Ok(Err(End::Flood)) => {
+                    self.kill();
+                    let limit = self.limits.max_line_bytes.saturating_mul(QUEUED_LINES);
+                    return Err(self.error(Failure::Flood {
+                        op: op.into(),
+                        limit,
+                    }));
+                }
                 Ok(Err(End::Oversized)) => {
                     self.kill();
                     let limit = self.limits.max_line_bytes;
@@ -335,16 +411,14 @@ impl Child {
             let got = reply.remove("seq").and_then(|s| s.as_u64());
             match got {
                 Some(s) if s == seq => {
-                    if let Some(e) = reply.get("error") {
-                        let message = e.as_str().map_or_else(|| e.to_string(), str::to_owned);
-                        return Err(self.error(Failure::Refused {
-                            op: op.into(),
-                            message,
-                        }));
-                    }
-                    return Ok(reply);
+                    self.outstanding.remove(&seq);
+                    return refused(self, reply);
                 }
                 Some(s) if self.ignored.remove(&s) => continue,
+                Some(s) if self.outstanding.contains(&s) && !self.arrived.contains_key(&s) => {
+                    self.arrived.insert(s, reply);
+                    continue;
+                }
                 _ => {
                     let f = garbage(&format!("its seq is not {seq}, the request's"));
                     self.kill();
@@ -386,8 +460,24 @@ impl Drop for Child {
     }
 }
 
-/// The reader thread: lines of at most `max` bytes to `tx`, then why it stopped.
-fn read_lines(stdout: impl Read, max: usize, tx: SyncSender<Result<Vec<u8>, End>>) {
+/// The writer thread: request lines to the child's stdin until either side closes.
+fn write_lines(mut stdin: ChildStdin, rx: Receiver<Vec<u8>>) {
+    while let Ok(line) = rx.recv() {
+        if stdin.write_all(&line).and_then(|_| stdin.flush()).is_err() {
+            return;
+        }
+    }
+}
+
+/// The reader thread: lines of at most `max` bytes to `tx`, at most `cap` bytes not yet
+/// received (`queued`), then why it stopped.
+fn read_lines(
+    stdout: impl Read,
+    max: usize,
+    cap: usize,
+    queued: Arc<AtomicUsize>,
+    tx: Sender<Result<Vec<u8>, End>>,
+) {
     let mut r = BufReader::new(stdout);
     let mut line = Vec::new();
     loop {
@@ -411,6 +501,10 @@ fn read_lines(stdout: impl Read, max: usize, tx: SyncSender<Result<Vec<u8>, End>
         if complete {
             if line.last() == Some(&b'\r') {
                 line.pop();
+            }
+            if queued.fetch_add(line.len(), Ordering::Relaxed) + line.len() > cap {
+                let _ = tx.send(Err(End::Flood));
+                return;
             }
             if tx.send(Ok(std::mem::take(&mut line))).is_err() {
                 return;

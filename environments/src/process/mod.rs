@@ -47,7 +47,7 @@ pub mod pool;
 pub mod reply;
 
 use child::Limits;
-use pool::{CallFailed, Launch, Pool};
+use pool::{CallFailed, Launch, Pool, Sent};
 use rlany_framework::check::{self, Checked, FieldError};
 use rlany_framework::plugin::EnvironmentPlugin;
 use rlany_framework::{Difficulty, Dim, Environment, Episode, Split, StepResult};
@@ -205,6 +205,18 @@ impl ProcessEnv {
     /// Like [`Environment::sample`], with the reason when the episode failed at `reset`.
     pub fn try_sample(&self, d: &[f64], split: Split, seed: u64) -> Result<ProcessEpisode, String> {
         let pool = self.pool.as_ref().map_err(Clone::clone)?;
+        let started = self.start_reset(pool, d, split, seed);
+        Self::finish_reset(pool, started)
+    }
+
+    /// Sends the `reset` of one task to the next child: `(slot, episode id, the request)`.
+    fn start_reset(
+        &self,
+        pool: &Pool,
+        d: &[f64],
+        split: Split,
+        seed: u64,
+    ) -> (usize, u64, Result<Sent, String>) {
         let (slot, id) = pool.assign();
         let dims = pool.describe().dims.len();
         let d: Vec<f64> = (0..dims)
@@ -222,20 +234,33 @@ impl ProcessEnv {
             ("split", split_name(split).into()),
             ("seed", seed.into()),
         ]);
-        let (r, generation) = pool
-            .call(slot, None, "reset", req)
+        let sent = pool
+            .submit(slot, None, "reset", req)
+            .map_err(|CallFailed(e)| e);
+        (slot, id, sent)
+    }
+
+    /// The episode a [`Self::start_reset`] started.
+    fn finish_reset(
+        pool: &Arc<Pool>,
+        (slot, id, sent): (usize, u64, Result<Sent, String>),
+    ) -> Result<ProcessEpisode, String> {
+        let sent = sent?;
+        let r = pool
+            .collect(slot, sent, "reset")
             .map_err(|CallFailed(e)| e)?;
         let reset = reply::Reset::read(&r)
-            .map_err(|why| pool.bad_reply(slot, generation, "reset", why).0)?;
+            .map_err(|why| pool.bad_reply(slot, sent.generation, "reset", why).0)?;
         Ok(ProcessEpisode {
             pool: Some(Arc::clone(pool)),
             slot,
-            generation,
+            generation: sent.generation,
             id,
             key: reset.key.unwrap_or_else(|| reset.prompt.clone()),
             prompt: reset.prompt,
             instructions: reset.instructions,
             steps: Vec::new(),
+            pending: None,
             done: false,
             won: false,
             error: None,
@@ -284,6 +309,30 @@ impl Environment for ProcessEnv {
         }
     }
 
+    /// Every `reset` is sent before any reply is awaited: the children work in parallel.
+    fn sample_many(&self, tasks: &[(Difficulty, Split, u64)]) -> Vec<Box<dyn Episode>> {
+        let pool = match &self.pool {
+            Ok(p) => p,
+            Err(e) => {
+                return tasks
+                    .iter()
+                    .map(|_| Box::new(ProcessEpisode::failed(e.clone())) as Box<dyn Episode>)
+                    .collect();
+            }
+        };
+        let started: Vec<_> = tasks
+            .iter()
+            .map(|(d, split, seed)| self.start_reset(pool, d, *split, *seed))
+            .collect();
+        started
+            .into_iter()
+            .map(|s| match Self::finish_reset(pool, s) {
+                Ok(ep) => Box::new(ep) as Box<dyn Episode>,
+                Err(e) => Box::new(ProcessEpisode::failed(e)),
+            })
+            .collect()
+    }
+
     /// The child's `demo`; empty (no actions, the failed prompt) when a call failed.
     fn demonstration(&self, d: &[f64], noise: f64, seed: u64) -> (String, Vec<String>) {
         self.try_demonstration(d, noise, seed)
@@ -324,6 +373,8 @@ pub struct ProcessEpisode {
     instructions: Option<String>,
     key: String,
     steps: Vec<StepInfo>,
+    /// A `step` sent by [`Episode::submit`]: its action and the request.
+    pending: Option<(String, Result<Sent, String>)>,
     done: bool,
     won: bool,
     error: Option<String>,
@@ -341,6 +392,7 @@ impl ProcessEpisode {
             instructions: None,
             key: FAILED_PROMPT.to_owned(),
             steps: Vec::new(),
+            pending: None,
             done: true,
             won: false,
             error: Some(error),
@@ -350,6 +402,12 @@ impl ProcessEpisode {
     /// Why the episode failed, if it did.
     pub fn error(&self) -> Option<&str> {
         self.error.as_deref()
+    }
+
+    fn send_step(&self, pool: &Pool, action: &str) -> Result<Sent, String> {
+        let req = body([("episode", self.id.into()), ("action", action.into())]);
+        pool.submit(self.slot, Some(self.generation), "step", req)
+            .map_err(|CallFailed(e)| e)
     }
 
     /// Like [`Episode::step`], with the reason when the call failed (the episode is then over).
@@ -363,15 +421,21 @@ impl ProcessEpisode {
         let Some(pool) = self.pool.clone() else {
             return Err("the episode has no environment process".into());
         };
-        let req = body([("episode", self.id.into()), ("action", action.into())]);
+        let sent = match self.pending.take() {
+            Some((submitted, sent)) if submitted == action => sent,
+            Some((submitted, _)) => Err(format!(
+                "step({action:?}) after submit({submitted:?}): a step must follow the submit of its own action"
+            )),
+            None => self.send_step(&pool, action),
+        };
         let dims = pool.describe().dims.len();
-        let result = pool
-            .call(self.slot, Some(self.generation), "step", req)
-            .map_err(|CallFailed(e)| e)
-            .and_then(|(r, g)| {
-                reply::Step::read(&r, dims)
-                    .map_err(|why| pool.bad_reply(self.slot, g, "step", why).0)
-            });
+        let result = sent.and_then(|sent| {
+            let r = pool
+                .collect(self.slot, sent, "step")
+                .map_err(|CallFailed(e)| e)?;
+            reply::Step::read(&r, dims)
+                .map_err(|why| pool.bad_reply(self.slot, sent.generation, "step", why).0)
+        });
         match result {
             Ok(s) => {
                 self.steps.push(StepInfo {
@@ -418,6 +482,16 @@ impl Episode for ProcessEpisode {
         })
     }
 
+    /// Sends the `step` request; [`Episode::step`] with the same action awaits its reply.
+    fn submit(&mut self, action: &str) {
+        if self.done || self.pending.is_some() {
+            return;
+        }
+        if let Some(pool) = self.pool.clone() {
+            self.pending = Some((action.to_owned(), self.send_step(&pool, action)));
+        }
+    }
+
     fn done(&self) -> bool {
         self.done
     }
@@ -447,7 +521,11 @@ impl Drop for ProcessEpisode {
     fn drop(&mut self) {
         if let Some(pool) = &self.pool {
             if self.error.is_none() {
-                pool.close(self.slot, self.generation, self.id);
+                let unanswered = match &self.pending {
+                    Some((_, Ok(sent))) => Some(*sent),
+                    _ => None,
+                };
+                pool.close(self.slot, self.generation, self.id, unanswered);
             }
         }
     }

@@ -67,6 +67,15 @@ struct Health {
     fault: Option<String>,
 }
 
+/// A request in flight: its `seq` and the generation of the child it went to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sent {
+    /// The request's `seq`.
+    pub seq: u64,
+    /// The generation of its child.
+    pub generation: u64,
+}
+
 /// Why a call did not happen or failed (already recorded in the pool's health).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CallFailed(pub String);
@@ -163,6 +172,19 @@ impl Pool {
         op: &str,
         body: Map<String, Value>,
     ) -> Result<(Map<String, Value>, u64), CallFailed> {
+        let sent = self.submit(slot, generation, op, body)?;
+        Ok((self.collect(slot, sent, op)?, sent.generation))
+    }
+
+    /// Sends a request on `slot`'s child (see [`Self::call`]) without waiting for its reply:
+    /// requests to several children are then in flight at once. [`Self::collect`] waits.
+    pub fn submit(
+        &self,
+        slot: usize,
+        generation: Option<u64>,
+        op: &str,
+        body: Map<String, Value>,
+    ) -> Result<Sent, CallFailed> {
         if let Some(f) = self.fault() {
             return Err(CallFailed(f));
         }
@@ -198,27 +220,53 @@ impl Pool {
                 }
             }
         }
+        let generation = s.generation;
         let Some(child) = s.child.as_mut() else {
             return Err(CallFailed("no child".into()));
         };
-        match child.call(op, body) {
+        match child.send(op, body) {
+            Ok(seq) => Ok(Sent { seq, generation }),
+            Err(e) => Err(self.failed(&mut s, e)),
+        }
+    }
+
+    /// The reply to a request [`Self::submit`] sent.
+    pub fn collect(
+        &self,
+        slot: usize,
+        sent: Sent,
+        op: &str,
+    ) -> Result<Map<String, Value>, CallFailed> {
+        let mut s = lock(&self.slots[slot % self.slots.len()]);
+        if s.generation != sent.generation {
+            return Err(CallFailed(
+                "its environment process failed and was replaced".into(),
+            ));
+        }
+        let Some(child) = s.child.as_mut() else {
+            return Err(CallFailed("no child".into()));
+        };
+        match child.receive(op, sent.seq) {
             Ok(reply) => {
                 // Only a step resets the count: a child that starts and resets but dies at
                 // every step must still fault.
                 if op == "step" {
                     self.record(Ok(()));
                 }
-                Ok((reply, s.generation))
+                Ok(reply)
             }
-            Err(e) => {
-                if !matches!(e.failure, Failure::Refused { .. }) {
-                    s.child = None;
-                    s.generation += 1;
-                }
-                self.record(Err(&e));
-                Err(CallFailed(e.to_string()))
-            }
+            Err(e) => Err(self.failed(&mut s, e)),
         }
+    }
+
+    /// Records a failed call; unless it was an `error` reply the child is gone.
+    fn failed(&self, s: &mut Slot, e: ProcessError) -> CallFailed {
+        if !matches!(e.failure, Failure::Refused { .. }) {
+            s.child = None;
+            s.generation += 1;
+        }
+        self.record(Err(&e));
+        CallFailed(e.to_string())
     }
 
     /// A reply that broke the protocol after it was read: the child is killed and replaced,
@@ -244,13 +292,17 @@ impl Pool {
         CallFailed(e.to_string())
     }
 
-    /// Tells `slot`'s child that an episode is over, without waiting for the reply.
-    pub fn close(&self, slot: usize, generation: u64, episode: u64) {
+    /// Tells `slot`'s child that an episode is over, without waiting for the reply; the
+    /// reply to its `unanswered` request, if any, is dropped when it arrives.
+    pub fn close(&self, slot: usize, generation: u64, episode: u64, unanswered: Option<Sent>) {
         let mut s = lock(&self.slots[slot % self.slots.len()]);
         if s.generation != generation {
             return;
         }
         if let Some(child) = s.child.as_mut() {
+            if let Some(sent) = unanswered.filter(|u| u.generation == generation) {
+                child.forget(sent.seq);
+            }
             let mut body = Map::new();
             body.insert("episode".into(), episode.into());
             if child.send_ignored("close", body).is_err() {

@@ -295,3 +295,41 @@ fn bad_settings_are_refused_by_field() {
     );
     assert!(reference().validate().is_ok());
 }
+
+/// Resets sent together and steps submitted together run on the children in parallel:
+/// 8 episodes on 4 children that sleep 0.3 s per request take about 2 × 0.3 s per round,
+/// not 8 × 0.3 s.
+#[test]
+fn requests_to_several_children_run_in_parallel() {
+    let spec = ProcessSpec {
+        children: 4,
+        ..broken("slow", 10.0, 1)
+    };
+    let env = spec.try_build().expect("starts");
+    // Start the children (a first call starts each).
+    drop(env.sample_many(&vec![(vec![0.5, 0.5], Split::Train, 0); 4]));
+    let tasks: Vec<_> = (0..8u64)
+        .map(|s| (vec![0.5, 0.5], Split::Eval, s))
+        .collect();
+    let t = Instant::now();
+    let mut eps = env.sample_many(&tasks);
+    let reset_s = t.elapsed().as_secs_f64();
+    assert!(reset_s < 1.5, "8 resets took {reset_s} s");
+    for (ep, (d, split, seed)) in eps.iter().zip(&tasks) {
+        assert_eq!(ep.prompt(), env.sample(d, *split, *seed).prompt());
+    }
+    let t = Instant::now();
+    for ep in &mut eps {
+        ep.submit("+1");
+    }
+    for ep in &mut eps {
+        assert!(ep.step("+1").observation.starts_with("at "));
+    }
+    let step_s = t.elapsed().as_secs_f64();
+    assert!(step_s < 1.5, "8 steps took {step_s} s");
+    assert_eq!(env.fault(), None);
+    // A step must follow the submit of its own action.
+    let mut ep = env.sample(&[0.5, 0.5], Split::Train, 1);
+    ep.submit("+1");
+    assert!(ep.step("+2").done && !ep.outcome());
+}
