@@ -123,4 +123,10 @@ pub trait Environment: Send + Sync {
     fn fault(&self) -> Option<String> {
         None
     }
+    /// What identifies the environment's code when the experiment file does not (an
+    /// environment in another process: its name and version); part of the warm-start
+    /// cache's key when given.
+    fn identity(&self) -> Option<String> {
+        None
+    }
 }

@@ -179,7 +179,13 @@ where
     E: EnvironmentChoice,
     A: AdaptationChoice,
 {
-    let settings = Settings::of(exp);
+    let mut settings = Settings::of(exp);
+    // An environment whose code lives outside the experiment file names its version: a
+    // changed environment misses the warm-start cache (other environments' keys unchanged).
+    if let Some(id) = parts.env.identity() {
+        settings.warm_policy_inputs["environment_identity"] = id.clone().into();
+        settings.warm_judge_inputs["policy"]["environment_identity"] = id.into();
+    }
     let mut run = if opts.resume {
         Run::resume(settings, seed, parts, device, opts)?
     } else {

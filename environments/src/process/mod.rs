@@ -346,6 +346,14 @@ impl Environment for ProcessEnv {
         )
     }
 
+    /// `name version` from `hello` (the version is optional).
+    fn identity(&self) -> Option<String> {
+        self.name().map(|(name, version)| match version {
+            Some(v) => format!("{name} {v}"),
+            None => name,
+        })
+    }
+
     fn fault(&self) -> Option<String> {
         match &self.pool {
             Ok(p) => p.fault(),

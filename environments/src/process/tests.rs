@@ -37,6 +37,7 @@ fn the_reference_child_plays_a_task_the_expert_solves() {
     let names: Vec<String> = env.difficulty_space().into_iter().map(|d| d.name).collect();
     assert_eq!(names, ["distance", "stride"]);
     assert_eq!(env.eval_levels(), vec![0.0, 0.25, 0.5, 0.75, 1.0]);
+    assert_eq!(env.identity().as_deref(), Some("numberline 1"));
     let mut ep = env.sample(&[0.5, 0.5], Split::Train, 7);
     assert_eq!(ep.prompt(), "from 2 to 7, steps up to 2\n");
     assert!(ep.instructions().is_some_and(|i| i.contains("+N or -N")));
