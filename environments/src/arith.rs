@@ -918,10 +918,10 @@ impl ArithEpisode {
 
 /// What a pretrained chat model is told before the chain (see [`Episode::instructions`]).
 const INSTRUCTIONS: &str = "Evaluate the chain of additions and subtractions below strictly \
-from left to right, one operation per reply. Each reply is one line `<running> <op> <operand> = <result>`, \
-for example `47 + 5 = 52` (spaces optional). After each line I answer `>` followed by the next operation to do \
-(for example `>-8`), or `>A` when none is left; then reply `A: <value>` with the final \
-value, for example `A: 80`.";
+from left to right, one operation per reply. Each reply is one line `<running> <op> <operand> = <result>`. \
+After each line I answer `>` followed by the next operation to do, or `>A` when none is left; then reply \
+`A: <value>` with the final value. For example, for the chain `47+5-8` you reply `47 + 5 = 52`, I answer \
+`>-8`, you reply `52 - 8 = 44`, I answer `>A`, and you reply `A: 44`.";
 
 impl Episode for ArithEpisode {
     fn prompt(&self) -> String {
