@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use burn::backend::NdArray;
-use rlany_framework::{CausalLm, Rng, SampleParams, Tokenizer};
+use burn::prelude::Backend;
+use rlany_framework::{BackendKind, CausalLm, Rng, SampleParams, Tokenizer};
 use rlany_models::{Role, load_pretrained};
 
 use crate::UsageError;
@@ -45,6 +45,18 @@ pub struct GenerateArgs {
     /// Also print the prompt exactly as the model reads it.
     #[arg(long)]
     pub show_prompt: bool,
+    /// Decode this many copies of the prompt in one batch (a throughput measurement, as in a
+    /// rollout; the first row's reply is printed).
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// The backend: ndarray (default), flex, wgpu, cuda or cuda:N (the last three as
+    /// compiled in).
+    #[arg(long, default_value = "ndarray")]
+    pub backend: String,
+    /// Do not stop at the end-of-message token: every row decodes exactly --max-tokens
+    /// tokens (for timing against another engine on equal work).
+    #[arg(long)]
+    pub ignore_eos: bool,
 }
 
 /// Peak resident memory of this process so far, in MiB (Linux; `None` elsewhere).
@@ -63,12 +75,61 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     if !(args.top_p > 0.0 && args.top_p <= 1.0) {
         return Err(UsageError(format!("--top-p {} must be in (0, 1]", args.top_p)).into());
     }
+    if args.batch == 0 {
+        return Err(UsageError("--batch must be at least 1".to_string()).into());
+    }
     if !args.model.exists() {
         return Err(UsageError(missing_model_hint(&args.model)).into());
     }
-    let device = Default::default();
+    match crate::parse_backend(&args.backend)? {
+        BackendKind::NdArray => generate_on::<burn::backend::NdArray<f32>>(args, &Default::default()),
+        BackendKind::Flex => {
+            #[cfg(feature = "flex")]
+            {
+                generate_on::<burn::backend::Flex>(args, &Default::default())
+            }
+            #[cfg(not(feature = "flex"))]
+            Err(not_compiled("flex"))
+        }
+        BackendKind::Wgpu => {
+            #[cfg(feature = "wgpu")]
+            {
+                type B = burn::backend::Wgpu;
+                crate::device::probe::<B>("wgpu", &Default::default())?;
+                generate_on::<B>(args, &Default::default())
+            }
+            #[cfg(not(feature = "wgpu"))]
+            Err(not_compiled("wgpu"))
+        }
+        BackendKind::Cuda(index) => {
+            #[cfg(feature = "cuda")]
+            {
+                type B = burn::backend::Cuda;
+                let device = burn::backend::cuda::CudaDevice::new(index);
+                crate::device::probe::<B>(&format!("cuda:{index}"), &device)?;
+                generate_on::<B>(args, &device)
+            }
+            #[cfg(not(feature = "cuda"))]
+            {
+                let _ = index;
+                Err(not_compiled("cuda"))
+            }
+        }
+    }
+}
+
+#[allow(dead_code)] // unused when every backend is compiled in
+fn not_compiled(feature: &str) -> anyhow::Error {
+    UsageError(format!(
+        "--backend {feature} is not compiled in: rebuild with `--features {feature}`"
+    ))
+    .into()
+}
+
+/// `rlany generate` on backend `B`.
+fn generate_on<B: Backend>(args: &GenerateArgs, device: &B::Device) -> Result<()> {
     let started = Instant::now();
-    let p = load_pretrained::<NdArray<f32>>(&args.model, Some(args.max_seq_len), &device)
+    let p = load_pretrained::<B>(&args.model, Some(args.max_seq_len), device)
         .with_context(|| format!("loading {}", args.model.display()))?;
     let load_s = started.elapsed().as_secs_f64();
     let mut messages = Vec::new();
@@ -95,33 +156,39 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         temperature: args.temperature,
         top_p: args.top_p,
         max_new_tokens: args.max_tokens,
-        stop_tokens: vec![p.tokenizer.eos()],
+        stop_tokens: if args.ignore_eos {
+            Vec::new()
+        } else {
+            vec![p.tokenizer.eos()]
+        },
         on_device: false,
     };
     let started = Instant::now();
-    let generation = p
+    let prompts = vec![ids.clone(); args.batch];
+    let rows = p
         .model
-        .generate(
-            std::slice::from_ref(&ids),
-            &params,
-            &mut Rng::new(args.seed),
-        )
-        .pop()
-        .context("the model generated no row")?;
+        .generate(&prompts, &params, &mut Rng::new(args.seed));
     let gen_s = started.elapsed().as_secs_f64();
+    let generated: usize = rows.iter().map(|g| g.tokens.len()).sum();
+    let generation = rows.into_iter().next().context("the model generated no row")?;
     let reply = p.tokenizer.decode(&generation.tokens);
     println!("{}", reply.trim_end());
     let config = p.model.config();
     eprintln!(
         "[{}: {} layers, d_model {}, vocab {}] loaded in {load_s:.1} s; prompt {} tokens, \
-         reply {} tokens in {gen_s:.1} s ({:.1} tokens/s){}; peak memory {}",
+         {}reply {} tokens in {gen_s:.1} s ({:.1} tokens/s){}; peak memory {}",
         args.model.display(),
         config.n_layers,
         config.d_model,
         config.vocab_size,
         ids.len(),
-        generation.tokens.len(),
-        generation.tokens.len() as f64 / gen_s.max(1e-9),
+        if args.batch > 1 {
+            format!("{} rows, ", args.batch)
+        } else {
+            String::new()
+        },
+        generated,
+        generated as f64 / gen_s.max(1e-9),
         if generation.stopped {
             ""
         } else {

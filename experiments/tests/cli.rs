@@ -186,3 +186,29 @@ fn flex_without_its_feature_is_a_clear_error() {
     }
     assert_refused("no-flex", "flex", &[], false, &[]);
 }
+
+/// `rlany generate --batch N --ignore-eos` decodes N rows of exactly `--max-tokens` tokens
+/// each (the throughput measurement of reports/perf/llama_cpp.sh) and says so; `--batch 0`
+/// is a usage error.
+#[test]
+fn generate_decodes_a_batch_of_fixed_length_rows() {
+    let run = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_rlany"))
+            // A short system prompt: the tiny model's context is 64 tokens.
+            .args(["generate", "models/fixtures/tiny.gguf", "--prompt", "hi", "--system", "s"])
+            .args(extra)
+            .current_dir(repo_root())
+            .output()
+            .expect("rlany runs");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&["--batch", "3", "--ignore-eos", "--max-tokens", "5"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("3 rows, reply 15 tokens"), "{err}");
+    let (code, err) = run(&["--batch", "0"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--batch must be at least 1"), "{err}");
+}

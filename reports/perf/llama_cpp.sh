@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# rlany against llama.cpp, the reference CPU engine, side by side on this machine: the same
+# GGUF file, the same prompt (the chat template rendered by `rlany generate --show-prompt`,
+# fed to llama.cpp as text), the same number of threads, greedy decoding of exactly TOKENS
+# tokens per row (end-of-message ignored), prompt processing included in both timings.
+#
+# Two workloads per thread count:
+#   single   one stream, as `rlany generate` (TOKENS tokens)
+#   batch    ROWS copies of the prompt decoded together, as a rollout (BATCH_TOKENS each)
+#
+# Usage: reports/perf/llama_cpp.sh [RLANY_BINARY]       (default target/release/rlany)
+# Environment:
+#   MODEL         the GGUF file (default models/pretrained/SmolLM2-135M-Instruct.Q4_1.gguf)
+#   PY            a Python with llama-cpp-python; build it from PyPI on this CPU with
+#                 CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=ON" \
+#                   python3 -m pip install llama-cpp-python
+#                 (a native build uses AMX here and dies with "Illegal instruction")
+#   THREADS       thread counts to compare (default "1 2")
+#   TOKENS ROWS BATCH_TOKENS   (default 64, 32, 32)
+#   OUT           output folder (default reports/perf/llama_cpp): results.jsonl, table.md
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BIN=${1:-target/release/rlany}
+MODEL=${MODEL:-models/pretrained/SmolLM2-135M-Instruct.Q4_1.gguf}
+PY=${PY:-python3}
+THREADS=${THREADS:-1 2}
+TOKENS=${TOKENS:-64}
+ROWS=${ROWS:-32}
+BATCH_TOKENS=${BATCH_TOKENS:-32}
+OUT=${OUT:-reports/perf/llama_cpp}
+MESSAGE="Write a short story about a robot who learns to paint."
+
+[ -x "$BIN" ] || { echo "no rlany binary at $BIN (cargo build --release)" >&2; exit 2; }
+[ -f "$MODEL" ] || { echo "no model at $MODEL (bash models/fetch-smollm2.sh)" >&2; exit 2; }
+"$PY" -c 'import llama_cpp' 2>/dev/null || {
+    echo "$PY has no llama_cpp module; see the header of $0 for the build" >&2; exit 2; }
+mkdir -p "$OUT"
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+# The prompt exactly as rlany's model reads it.
+"$BIN" generate "$MODEL" --prompt "$MESSAGE" --max-tokens 1 --show-prompt 2>"$TMP/show" >/dev/null
+"$PY" - "$TMP/show" "$TMP/prompt.txt" <<'EOF'
+import sys
+s = open(sys.argv[1], encoding="utf-8").read()
+a = s.index("--- prompt ---\n") + len("--- prompt ---\n")
+open(sys.argv[2], "w", encoding="utf-8").write(s[a:s.index("--- end of prompt ---", a)])
+EOF
+
+# One rlany measurement as a JSON line (its own stderr summary, parsed).
+ours() { # threads rows tokens
+    local t=$1 rows=$2 n=$3
+    RAYON_NUM_THREADS=$t MATMUL_NUM_THREADS=$t "$BIN" generate "$MODEL" --prompt "$MESSAGE" \
+        --max-tokens "$n" --ignore-eos --batch "$rows" 2>"$TMP/err" >/dev/null
+    "$PY" - "$TMP/err" "$t" "$rows" "$n" <<'EOF'
+import json, re, sys
+s = open(sys.argv[1], encoding="utf-8").read()
+m = re.search(r"prompt (\d+) tokens, (?:\d+ rows, )?reply (\d+) tokens in ([\d.]+) s \(([\d.]+) tokens/s\).*peak memory (\d+) MiB", s)
+if not m:
+    sys.exit("could not read rlany's summary:\n" + s)
+print(json.dumps({"engine": "rlany", "threads": int(sys.argv[2]), "rows": int(sys.argv[3]),
+                  "prompt_tokens": int(m[1]), "tokens_per_row": int(sys.argv[4]),
+                  "seconds": float(m[3]), "tokens_per_s": float(m[4]), "peak_mib": int(m[5])}))
+EOF
+}
+
+theirs() { # threads rows tokens
+    "$PY" reports/perf/llamacpp_side.py --model "$MODEL" --prompt-file "$TMP/prompt.txt" \
+        --threads "$1" --rows "$2" --tokens "$3" --repeats 2 2>/dev/null
+}
+
+: >"$OUT/results.jsonl"
+for t in $THREADS; do
+    for w in single batch; do
+        if [ $w = single ]; then rows=1 n=$TOKENS; else rows=$ROWS n=$BATCH_TOKENS; fi
+        echo "threads $t, $w ($rows x $n tokens)" >&2
+        ours "$t" "$rows" "$n" | sed "s/^{/{\"workload\": \"$w\", /" >>"$OUT/results.jsonl"
+        theirs "$t" "$rows" "$n" | sed "s/^{/{\"workload\": \"$w\", /" >>"$OUT/results.jsonl"
+    done
+done
+
+"$PY" - "$OUT/results.jsonl" "$OUT/table.md" "$(uname -m) $(nproc) cores" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+key = lambda r: (r["threads"], r["workload"])
+ours = {key(r): r for r in rows if r["engine"] == "rlany"}
+ref = {key(r): r for r in rows if r["engine"] == "llama.cpp"}
+out = ["| threads | workload | rlany tokens/s | llama.cpp tokens/s | ratio |", "|---|---|---|---|---|"]
+for k in sorted(ours):
+    o, r = ours[k], ref.get(k)
+    if r is None:
+        continue
+    out.append(f"| {k[0]} | {k[1]} ({o['rows']} × {o['tokens_per_row']}) | {o['tokens_per_s']:.1f} | "
+               f"{r['tokens_per_s']:.1f} | {o['tokens_per_s'] / r['tokens_per_s']:.2f}× |")
+open(sys.argv[2], "w").write(f"Machine: {sys.argv[3]}; prompt {rows[0]['prompt_tokens']} tokens.\n\n" + "\n".join(out) + "\n")
+print("\n".join(out))
+EOF
