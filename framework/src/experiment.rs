@@ -600,6 +600,28 @@ pub struct JudgeWarmStart {
     /// labelled wrong (as the labels say, noise included), so the judge does not learn the
     /// label prior; `false` draws from all labels alike.
     pub balanced: bool,
+    /// Whose steps are labelled: the warm-started policy's rollouts (`Policy`, the default)
+    /// or the environment's flawed expert (`Expert`: half right, half wrong, spread over the
+    /// eval grid, as the judge's evaluation pool but from other tasks). A pretrained policy
+    /// that solves nothing at step 0 gives `Policy` no step labelled right to learn from.
+    #[serde(skip_serializing_if = "LabelSource::is_policy")]
+    pub source: LabelSource,
+}
+
+/// Whose steps the judge's warm start labels (see [`JudgeWarmStart::source`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum LabelSource {
+    /// The warm-started policy's own rollouts at random difficulties.
+    #[default]
+    Policy,
+    /// The environment's flawed expert (slip probability 0.5), balanced right/wrong.
+    Expert,
+}
+
+impl LabelSource {
+    fn is_policy(&self) -> bool {
+        *self == LabelSource::Policy
+    }
 }
 
 impl Default for JudgeWarmStart {
@@ -611,6 +633,7 @@ impl Default for JudgeWarmStart {
             batch: 32,
             lr: 3e-3,
             balanced: false,
+            source: LabelSource::Policy,
         }
     }
 }
@@ -1073,6 +1096,25 @@ Experiment(
         assert_eq!(e.adaptation, Adapt::Static);
         let again = parse(&e.to_ron()).expect("resolved form parses");
         assert_eq!(e, again);
+    }
+
+    #[test]
+    fn judge_warm_start_labels_the_policy_unless_told_the_expert() {
+        let with = |ws: &str| {
+            MINIMAL.replace(
+                "budget:",
+                &format!("judge: Learned(model: Scratch(d_model: 16), warm_start: ({ws})),\n    budget:"),
+            )
+        };
+        let source = |e: &Exp| e.judge.model().map(|j| j.warm_start.source);
+        let default = parse(&with("steps: 3")).expect("parses");
+        assert_eq!(source(&default), Some(LabelSource::Policy));
+        // The default is not written out, so resolved files of older runs stay as they were.
+        assert!(!default.to_ron().contains("source"));
+        let expert = parse(&with("steps: 3, source: Expert")).expect("parses");
+        assert_eq!(source(&expert), Some(LabelSource::Expert));
+        assert_eq!(parse(&expert.to_ron()).expect("round trip"), expert);
+        assert!(parse(&with("source: Oracle")).is_err());
     }
 
     #[test]

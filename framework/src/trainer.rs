@@ -24,7 +24,8 @@ use crate::checkpoint::{self, CheckpointError};
 use crate::env::{Difficulty, Environment, Split};
 use crate::eval::{EvalSpec, evaluate};
 use crate::experiment::{
-    Budget, Experiment, JudgeSpec, KlTarget, PpoSpec, RewardSpec, Sampling, WarmStart,
+    Budget, Experiment, JudgeSpec, KlTarget, LabelSource, PpoSpec, RewardSpec, Sampling,
+    WarmStart,
 };
 use crate::judge;
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
@@ -542,14 +543,28 @@ where
             judge_max_len: judge.max_seq_len(),
             max_env_steps: self.cfg.budget.max_env_steps,
         };
-        let pool = judge::labelled_steps(
-            &self.policy.valid(),
-            self.env,
-            self.tok,
-            &labels,
-            &self.params,
-            &mut rng,
-        );
+        let pool = match ws.source {
+            LabelSource::Policy => judge::labelled_steps(
+                &self.policy.valid(),
+                self.env,
+                self.tok,
+                &labels,
+                &self.params,
+                &mut rng,
+            ),
+            // Other tasks than the evaluation pool's: its seed is derived apart.
+            LabelSource::Expert => judge::labelled_pool(
+                self.env,
+                self.tok,
+                labels.judge_max_len,
+                labels.n,
+                JUDGE_POOL_NOISE,
+                rng.next_u64(),
+            )
+            .into_iter()
+            .map(|(prompt, label)| (prompt, label ^ rng.bernoulli(labels.label_noise)))
+            .collect(),
+        };
         m.insert("warm/judge_labels".into(), pool.len() as f64);
         m.insert(
             "warm/judge_pos_rate".into(),
