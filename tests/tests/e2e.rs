@@ -1798,3 +1798,35 @@ fn a_process_environment_run_stops_clearly_and_resumes_exactly() {
     );
     let _ = fs::remove_dir_all(dir);
 }
+
+/// `rlany env process -- COMMAND` runs the conformance checks: the reference environment
+/// passes them and shows a task; a child that crashes at its first step fails them (exit 1);
+/// `process` without a command is a usage error (exit 2).
+#[test]
+fn rlany_env_checks_a_process_environment() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../environments/process");
+    let script = |f: &str| dir.join(f).to_string_lossy().into_owned();
+    let reference = script("reference.py");
+    assert_eq!(rlany(&["env", "process", "--", "python3", &reference]), 0);
+    assert_eq!(
+        rlany(&[
+            "env",
+            "process",
+            "--difficulty",
+            "1,1",
+            "--split",
+            "ood",
+            "--",
+            "python3",
+            &reference
+        ]),
+        0
+    );
+    let broken = script("testdata/broken.py");
+    assert_eq!(
+        rlany(&["env", "process", "--", "python3", &broken, "crash"]),
+        1
+    );
+    assert_eq!(rlany(&["env", "process"]), 2);
+    assert_eq!(rlany(&["env", "arith", "--", "python3", &reference]), 2);
+}

@@ -527,14 +527,12 @@ impl Episode for ProcessEpisode {
 
 impl Drop for ProcessEpisode {
     fn drop(&mut self) {
-        if let Some(pool) = &self.pool {
-            if self.error.is_none() {
-                let unanswered = match &self.pending {
-                    Some((_, Ok(sent))) => Some(*sent),
-                    _ => None,
-                };
-                pool.close(self.slot, self.generation, self.id, unanswered);
-            }
+        if let (Some(pool), None) = (&self.pool, &self.error) {
+            let unanswered = match &self.pending {
+                Some((_, Ok(sent))) => Some(*sent),
+                _ => None,
+            };
+            pool.close(self.slot, self.generation, self.id, unanswered);
         }
     }
 }
