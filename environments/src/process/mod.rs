@@ -21,7 +21,9 @@
 //! # Children, failures, the fault
 //!
 //! `children` processes run side by side; episodes are dealt to them round robin, and each
-//! child holds many episodes (the host names each by an id). A child is started when it is
+//! child holds many episodes (the host names each by an id). The loop's
+//! [`Environment::sample_many`] and [`Episode::submit`] let the host send a whole step's
+//! resets, or a turn's steps, before it awaits any reply, so the children work in parallel. A child is started when it is
 //! first needed; one call waits at most `timeout_s` for its reply, and a reply line may
 //! have at most `max_line_kib` KiB. A call that fails — the child crashed or exited, did not
 //! answer in time, wrote something that is not a reply of the protocol or too long a line,
