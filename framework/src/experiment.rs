@@ -701,6 +701,17 @@ pub struct PpoSpec {
     pub judge_updates: usize,
     /// Global gradient-norm clip.
     pub max_grad_norm: f64,
+    /// Most rows (episodes for the policy, judged steps for the judge) in one forward and
+    /// backward pass; a minibatch with more is split into row groups whose gradients are
+    /// accumulated, at most `shards` groups at a time (gradient accumulation: the same
+    /// update, summed in another order, at the memory of one group). 0: no limit, one group
+    /// per shard.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub micro_batch: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl Default for PpoSpec {
@@ -713,6 +724,7 @@ impl Default for PpoSpec {
             policy_updates: 4,
             judge_updates: 2,
             max_grad_norm: 1.0,
+            micro_batch: 0,
         }
     }
 }
@@ -980,6 +992,9 @@ impl<E: EnvironmentChoice, A: AdaptationChoice> Experiment<E, A> {
         real("algorithm.weight_decay", ppo.weight_decay, 0.0, 10.0)?;
         count("algorithm.policy_updates", ppo.policy_updates, 1, 1024)?;
         count("algorithm.judge_updates", ppo.judge_updates, 1, 1024)?;
+        if ppo.micro_batch != 0 {
+            count("algorithm.micro_batch", ppo.micro_batch, 1, 4096)?;
+        }
         positive("algorithm.max_grad_norm", ppo.max_grad_norm, 1e9)?;
 
         let b = &self.budget;
@@ -1103,7 +1118,9 @@ Experiment(
         let with = |ws: &str| {
             MINIMAL.replace(
                 "budget:",
-                &format!("judge: Learned(model: Scratch(d_model: 16), warm_start: ({ws})),\n    budget:"),
+                &format!(
+                    "judge: Learned(model: Scratch(d_model: 16), warm_start: ({ws})),\n    budget:"
+                ),
             )
         };
         let source = |e: &Exp| e.judge.model().map(|j| j.warm_start.source);

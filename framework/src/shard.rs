@@ -129,6 +129,49 @@ where
     (sum.total, extras)
 }
 
+/// [`grads`] with at most `threads` inputs in flight: the inputs run in waves of `threads`
+/// (each wave as [`grads`], in input order), and the waves' gradients are summed in wave order.
+/// Peak memory is that of one wave, so a batch larger than memory can be split into many
+/// small row groups (gradient accumulation). One wave is exactly [`grads`].
+pub fn grads_in_waves<B, M, T, R, F>(
+    model: &M,
+    inputs: Vec<T>,
+    threads: usize,
+    loss: F,
+) -> (GradientsParams, Vec<R>)
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    T: Send,
+    R: Send,
+    F: Fn(&M, T) -> (Tensor<B, 1>, R) + Sync,
+{
+    let threads = threads.max(1);
+    if inputs.len() <= threads {
+        return grads(model, inputs, loss);
+    }
+    let mut waves: Vec<GradientsParams> = Vec::new();
+    let mut extras = Vec::with_capacity(inputs.len());
+    let mut rest = inputs.into_iter().peekable();
+    while rest.peek().is_some() {
+        let wave: Vec<T> = rest.by_ref().take(threads).collect();
+        let (g, e) = grads(model, wave, &loss);
+        extras.extend(e);
+        waves.push(g);
+        // Fold as we go, so that only two waves' gradients are held at once.
+        if waves.len() == 2 {
+            let mut sum = Sum {
+                parts: &mut waves,
+                total: GradientsParams::new(),
+            };
+            model.visit::<Sum<'_>>(&mut sum);
+            waves = vec![sum.total];
+        }
+    }
+    let total = waves.pop().unwrap_or_else(GradientsParams::new);
+    (total, extras)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,6 +187,45 @@ mod tests {
         assert_eq!(ranges(2, 4), vec![0..1, 1..2]);
         assert_eq!(ranges(7, 1), vec![0..7]);
         assert_eq!(ranges(0, 3), vec![0..0]);
+    }
+
+    /// Row groups run in waves of two threads sum to the whole batch's gradient too.
+    #[test]
+    fn gradients_accumulated_in_waves_sum_to_the_whole_batch_gradient() {
+        let device = Default::default();
+        let mut rng = crate::Rng::derive(11, "shard-wave-test");
+        let layer: Linear<B> = LinearConfig::new(3, 2).init(&device);
+        let layer = layer.map(&mut Fill(&mut rng));
+        let x: Vec<f32> = (0..7 * 3).map(|_| rng.uniform() as f32 - 0.5).collect();
+        let x = Tensor::<B, 2>::from_data(TensorData::new(x, [7, 3]), &device);
+        let row_loss = |m: &Linear<B>, x: Tensor<B, 2>| m.forward(x).powi_scalar(2).sum();
+        let whole = GradientsParams::from_grads(row_loss(&layer, x.clone()).backward(), &layer);
+        // Five groups of rows (2, 2, 1, 1, 1) in waves of two: three waves.
+        let groups: Vec<Tensor<B, 2>> = ranges(7, 5)
+            .into_iter()
+            .map(|r| x.clone().slice([r, 0..3]))
+            .collect();
+        let (waved, extras) = grads_in_waves(&layer, groups, 2, |m: &Linear<B>, x| {
+            let rows = x.dims()[0];
+            (row_loss(m, x), rows)
+        });
+        assert_eq!(extras, vec![2, 2, 1, 1, 1]);
+        let flat = |g: &GradientsParams| {
+            let w = g
+                .get::<NdArray<f32>, 2>(layer.weight.id)
+                .expect("weight grad");
+            let b = g
+                .get::<NdArray<f32>, 1>(layer.bias.as_ref().expect("bias").id)
+                .expect("bias grad");
+            let mut v = w.into_data().to_vec::<f32>().expect("f32");
+            v.extend(b.into_data().to_vec::<f32>().expect("f32"));
+            v
+        };
+        let (a, b) = (flat(&whole), flat(&waved));
+        assert_eq!(a.len(), 8);
+        for (a, s) in a.iter().zip(&b) {
+            assert!((a - s).abs() < 1e-5, "{a} vs {s}");
+        }
     }
 
     /// The shards' summed gradient of a row-sum loss is the whole batch's gradient.

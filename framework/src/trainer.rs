@@ -24,8 +24,7 @@ use crate::checkpoint::{self, CheckpointError};
 use crate::env::{Difficulty, Environment, Split};
 use crate::eval::{EvalSpec, evaluate};
 use crate::experiment::{
-    Budget, Experiment, JudgeSpec, KlTarget, LabelSource, PpoSpec, RewardSpec, Sampling,
-    WarmStart,
+    Budget, Experiment, JudgeSpec, KlTarget, LabelSource, PpoSpec, RewardSpec, Sampling, WarmStart,
 };
 use crate::judge;
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
@@ -753,6 +752,7 @@ where
             pad: self.tok.pad(),
             kernels: self.cfg.kernels,
             shards: self.cfg.shards,
+            micro_batch: ppo.micro_batch,
         }
     }
 

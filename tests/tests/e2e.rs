@@ -1212,7 +1212,7 @@ fn shards_compute_what_one_batch_does() {
         })
         .collect();
 
-    let ppo = |shards| {
+    let ppo = |shards, micro_batch| {
         let mut optim = burn::optim::AdamWConfig::new().init();
         let old = model.valid();
         let params = UpdateParams {
@@ -1225,6 +1225,7 @@ fn shards_compute_what_one_batch_does() {
             pad: tok.pad(),
             kernels: KernelChoice::Fused,
             shards,
+            micro_batch,
         };
         let (m, stats) = ppo_update(
             model.clone(),
@@ -1241,23 +1242,28 @@ fn shards_compute_what_one_batch_does() {
         .expect("finite");
         (flat_params(&m), stats.expect("units"))
     };
-    let (one, s1) = ppo(1);
-    let (two, s2) = ppo(2);
+    let (one, s1) = ppo(1, 0);
     assert_ne!(one, flat_params(&model), "the update moved nothing");
-    assert_all_close(&one, &two, 1e-5, "PPO weights");
-    for (name, a, b) in [
-        ("loss", s1.loss, s2.loss),
-        ("kl", s1.kl, s2.kl),
-        ("clipfrac", s1.clipfrac, s2.clipfrac),
-        ("grad_norm", s1.grad_norm, s2.grad_norm),
-        ("entropy", s1.entropy, s2.entropy),
-    ] {
-        assert!(
-            (a - b).abs() <= 1e-5 * a.abs().max(1.0),
-            "{name}: {a} vs {b}"
-        );
+    // Two shards; and gradient accumulation over groups of one row, on one thread and on
+    // two (minibatches of 4 and 3 rows: 4 and 3 groups, in waves).
+    for (shards, micro) in [(2, 0), (1, 1), (2, 1)] {
+        let (two, s2) = ppo(shards, micro);
+        let tag = format!("shards {shards}, micro_batch {micro}");
+        assert_all_close(&one, &two, 1e-5, &format!("PPO weights, {tag}"));
+        for (name, a, b) in [
+            ("loss", s1.loss, s2.loss),
+            ("kl", s1.kl, s2.kl),
+            ("clipfrac", s1.clipfrac, s2.clipfrac),
+            ("grad_norm", s1.grad_norm, s2.grad_norm),
+            ("entropy", s1.entropy, s2.entropy),
+        ] {
+            assert!(
+                (a - b).abs() <= 1e-5 * a.abs().max(1.0),
+                "{tag}: {name}: {a} vs {b}"
+            );
+        }
+        assert_eq!((s1.tokens, s1.updates), (s2.tokens, s2.updates), "{tag}");
     }
-    assert_eq!((s1.tokens, s1.updates), (s2.tokens, s2.updates));
 
     let examples: Vec<(Vec<u32>, Vec<bool>)> = samples
         .iter()

@@ -60,6 +60,9 @@ pub struct UpdateParams {
     pub kernels: rlany_kernels::KernelChoice,
     /// Data-parallel shards per minibatch, each on its own thread (see [`crate::shard`]).
     pub shards: usize,
+    /// Most rows in one forward and backward pass (0: no limit); a minibatch with more is
+    /// split into row groups accumulated `shards` at a time.
+    pub micro_batch: usize,
 }
 
 /// Means over the minibatches of one update phase.
@@ -126,8 +129,13 @@ where
         // Every unit of the minibatch weighs the same, whichever shard holds it.
         let n_units = rows.iter().map(|s| s.units.len()).sum::<usize>();
         let first = k == 0;
-        // One group per shard; one shard runs on `model` itself, on this thread.
-        let inputs: Vec<_> = crate::shard::ranges(rows.len(), params.shards)
+        // One group per shard, or more when `micro_batch` caps a group's rows; a single
+        // group runs on `model` itself, on this thread.
+        let groups = match params.micro_batch {
+            0 => params.shards,
+            m => params.shards.max(rows.len().div_ceil(m)),
+        };
+        let inputs: Vec<_> = crate::shard::ranges(rows.len(), groups)
             .into_iter()
             .map(|r| {
                 (
@@ -137,20 +145,22 @@ where
                 )
             })
             .collect();
-        let (grads, parts) = crate::shard::grads(&model, inputs, |m: &M, (rows, old, target)| {
-            let target_ref = target.as_ref().unwrap_or(&old);
-            minibatch_loss(
-                m,
-                &old,
-                target_ref,
-                target.is_none(),
-                rows,
-                n_units,
-                params,
-                first,
-                device,
-            )
-        });
+        let threads = params.shards;
+        let (grads, parts) =
+            crate::shard::grads_in_waves(&model, inputs, threads, |m: &M, (rows, old, target)| {
+                let target_ref = target.as_ref().unwrap_or(&old);
+                minibatch_loss(
+                    m,
+                    &old,
+                    target_ref,
+                    target.is_none(),
+                    rows,
+                    n_units,
+                    params,
+                    first,
+                    device,
+                )
+            });
         if !parts.iter().all(|p| p.loss.is_finite()) {
             return Err(NonFinite("loss"));
         }
