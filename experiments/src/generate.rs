@@ -82,7 +82,9 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         return Err(UsageError(missing_model_hint(&args.model)).into());
     }
     match crate::parse_backend(&args.backend)? {
-        BackendKind::NdArray => generate_on::<burn::backend::NdArray<f32>>(args, &Default::default()),
+        BackendKind::NdArray => {
+            generate_on::<burn::backend::NdArray<f32>>(args, &Default::default())
+        }
         BackendKind::Flex => {
             #[cfg(feature = "flex")]
             {
@@ -170,7 +172,10 @@ fn generate_on<B: Backend>(args: &GenerateArgs, device: &B::Device) -> Result<()
         .generate(&prompts, &params, &mut Rng::new(args.seed));
     let gen_s = started.elapsed().as_secs_f64();
     let generated: usize = rows.iter().map(|g| g.tokens.len()).sum();
-    let generation = rows.into_iter().next().context("the model generated no row")?;
+    let generation = rows
+        .into_iter()
+        .next()
+        .context("the model generated no row")?;
     let reply = p.tokenizer.decode(&generation.tokens);
     println!("{}", reply.trim_end());
     let config = p.model.config();

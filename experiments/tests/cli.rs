@@ -195,7 +195,14 @@ fn generate_decodes_a_batch_of_fixed_length_rows() {
     let run = |extra: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_rlany"))
             // A short system prompt: the tiny model's context is 64 tokens.
-            .args(["generate", "models/fixtures/tiny.gguf", "--prompt", "hi", "--system", "s"])
+            .args([
+                "generate",
+                "models/fixtures/tiny.gguf",
+                "--prompt",
+                "hi",
+                "--system",
+                "s",
+            ])
             .args(extra)
             .current_dir(repo_root())
             .output()
