@@ -189,27 +189,33 @@ mod tests {
         assert_eq!(ranges(0, 3), vec![0..0]);
     }
 
-    /// Row groups run in waves of two threads sum to the whole batch's gradient too.
-    #[test]
-    fn gradients_accumulated_in_waves_sum_to_the_whole_batch_gradient() {
+    /// A 3 → 2 linear layer with random weights, `rows` random inputs, and the row-sum loss
+    /// every shard test differentiates.
+    fn fixture(seed: u64, rows: usize) -> (Linear<B>, Tensor<B, 2>) {
         let device = Default::default();
-        let mut rng = crate::Rng::derive(11, "shard-wave-test");
+        let mut rng = crate::Rng::derive(seed, "shard-test");
         let layer: Linear<B> = LinearConfig::new(3, 2).init(&device);
         let layer = layer.map(&mut Fill(&mut rng));
-        let x: Vec<f32> = (0..7 * 3).map(|_| rng.uniform() as f32 - 0.5).collect();
-        let x = Tensor::<B, 2>::from_data(TensorData::new(x, [7, 3]), &device);
-        let row_loss = |m: &Linear<B>, x: Tensor<B, 2>| m.forward(x).powi_scalar(2).sum();
-        let whole = GradientsParams::from_grads(row_loss(&layer, x.clone()).backward(), &layer);
-        // Five groups of rows (2, 2, 1, 1, 1) in waves of two: three waves.
-        let groups: Vec<Tensor<B, 2>> = ranges(7, 5)
+        let x: Vec<f32> = (0..rows * 3).map(|_| rng.uniform() as f32 - 0.5).collect();
+        let x = Tensor::<B, 2>::from_data(TensorData::new(x, [rows, 3]), &device);
+        (layer, x)
+    }
+
+    fn row_loss(m: &Linear<B>, x: Tensor<B, 2>) -> Tensor<B, 1> {
+        m.forward(x).powi_scalar(2).sum()
+    }
+
+    /// `x`'s rows cut into `groups` contiguous groups (see [`ranges`]).
+    fn row_groups(x: &Tensor<B, 2>, groups: usize) -> Vec<Tensor<B, 2>> {
+        ranges(x.dims()[0], groups)
             .into_iter()
             .map(|r| x.clone().slice([r, 0..3]))
-            .collect();
-        let (waved, extras) = grads_in_waves(&layer, groups, 2, |m: &Linear<B>, x| {
-            let rows = x.dims()[0];
-            (row_loss(m, x), rows)
-        });
-        assert_eq!(extras, vec![2, 2, 1, 1, 1]);
+            .collect()
+    }
+
+    /// Asserts that `g` holds the gradient of the whole batch `x`, weight and bias, to 1e-5.
+    fn assert_whole_batch_gradient(layer: &Linear<B>, x: Tensor<B, 2>, g: &GradientsParams) {
+        let whole = GradientsParams::from_grads(row_loss(layer, x).backward(), layer);
         let flat = |g: &GradientsParams| {
             let w = g
                 .get::<NdArray<f32>, 2>(layer.weight.id)
@@ -221,56 +227,37 @@ mod tests {
             v.extend(b.into_data().to_vec::<f32>().expect("f32"));
             v
         };
-        let (a, b) = (flat(&whole), flat(&waved));
-        assert_eq!(a.len(), 8);
+        let (a, b) = (flat(&whole), flat(g));
+        assert_eq!((a.len(), b.len()), (8, 8));
         for (a, s) in a.iter().zip(&b) {
             assert!((a - s).abs() < 1e-5, "{a} vs {s}");
         }
     }
 
+    /// Row groups run in waves of two threads sum to the whole batch's gradient too.
+    #[test]
+    fn gradients_accumulated_in_waves_sum_to_the_whole_batch_gradient() {
+        let (layer, x) = fixture(11, 7);
+        // Five groups of rows (2, 2, 1, 1, 1) in waves of two: three waves.
+        let (waved, extras) = grads_in_waves(&layer, row_groups(&x, 5), 2, |m: &Linear<B>, x| {
+            let rows = x.dims()[0];
+            (row_loss(m, x), rows)
+        });
+        assert_eq!(extras, vec![2, 2, 1, 1, 1]);
+        assert_whole_batch_gradient(&layer, x, &waved);
+    }
+
     /// The shards' summed gradient of a row-sum loss is the whole batch's gradient.
     #[test]
     fn sharded_gradients_sum_to_the_whole_batch_gradient() {
-        let device = Default::default();
-        let mut rng = crate::Rng::derive(7, "shard-test");
-        let layer: Linear<B> = LinearConfig::new(3, 2).init(&device);
-        let layer = layer.map(&mut Fill(&mut rng));
-        let x: Vec<f32> = (0..5 * 3).map(|_| rng.uniform() as f32 - 0.5).collect();
-        let x = Tensor::<B, 2>::from_data(TensorData::new(x, [5, 3]), &device);
-        let row_loss = |m: &Linear<B>, x: Tensor<B, 2>| m.forward(x).powi_scalar(2).sum();
-
-        let whole = GradientsParams::from_grads(row_loss(&layer, x.clone()).backward(), &layer);
-        let inputs: Vec<Tensor<B, 2>> = ranges(5, 2)
-            .into_iter()
-            .map(|r| x.clone().slice([r, 0..3]))
-            .collect();
-        let (sharded, values) = grads(&layer, inputs, |m, x| {
+        let (layer, x) = fixture(7, 5);
+        let (sharded, values) = grads(&layer, row_groups(&x, 2), |m, x| {
             let l = row_loss(m, x);
             let v = l.clone().into_scalar();
             (l, v)
         });
         assert_eq!(values.len(), 2);
-        let w = |g: &GradientsParams| {
-            g.get::<NdArray<f32>, 2>(layer.weight.id)
-                .expect("weight grad")
-                .into_data()
-                .to_vec::<f32>()
-                .expect("f32")
-        };
-        let b = |g: &GradientsParams| {
-            g.get::<NdArray<f32>, 1>(layer.bias.as_ref().expect("bias").id)
-                .expect("bias grad")
-                .into_data()
-                .to_vec::<f32>()
-                .expect("f32")
-        };
-        for (a, s) in w(&whole)
-            .iter()
-            .zip(w(&sharded))
-            .chain(b(&whole).iter().zip(b(&sharded)))
-        {
-            assert!((a - s).abs() < 1e-5, "{a} vs {s}");
-        }
+        assert_whole_batch_gradient(&layer, x, &sharded);
     }
 
     struct Fill<'a>(&'a mut crate::Rng);
