@@ -32,7 +32,6 @@ the flawed expert slips: it moves one less (or, for a 1-step, one step the wrong
 """
 
 import math
-import random
 import sys
 from pathlib import Path
 
@@ -46,23 +45,15 @@ DIMS = [
 
 
 def stream(seed, split, part):
-    # random.Random with a str seed hashes it with SHA-512: the same on every run and
-    # platform, whatever PYTHONHASHSEED is.
-    return random.Random(f"numberline/{split}/{seed}/{part}")
+    return rlany_protocol.task_stream("numberline", seed, split, part)
 
 
-def sround(y, u):
-    return math.floor(y) + (1 if u < y - math.floor(y) else 0)
-
-
-def clamp(x):
-    x = float(x)
-    return 0.0 if x != x else min(1.0, max(0.0, x))
+sround = rlany_protocol.stochastic_round
 
 
 class Task:
     def __init__(self, difficulty, split, seed):
-        d = [clamp(x) for x in list(difficulty)[:2]] + [0.0] * max(0, 2 - len(difficulty))
+        d = rlany_protocol.difficulty_vector(difficulty, 2)
         space = "eval" if split == "eval" else ("ood" if split == "ood" else "train")
         distance = 1 + sround(8 * d[0], stream(seed, space, "round-distance").random())
         self.stride = 1 + sround(2 * d[1], stream(seed, space, "round-stride").random())

@@ -9,9 +9,39 @@ environment goes to the host's error report instead of corrupting the stream.
 """
 
 import json
+import math
+import random
 import sys
 
 PROTOCOL = 1
+
+
+# Helpers for environment authors: what makes a task a pure function of (difficulty, split,
+# seed), as the protocol requires.
+
+
+def task_stream(env_name, seed, split, part):
+    """A random stream for one part of one task. `random.Random` with a str seed hashes it
+    with SHA-512: the same on every run and platform, whatever PYTHONHASHSEED is."""
+    return random.Random(f"{env_name}/{split}/{seed}/{part}")
+
+
+def stochastic_round(y, u):
+    """floor(y) + [u < frac(y)]: with `u` from the task's own stream, a rewrite (same seed,
+    another difficulty) keeps every other dimension's rounding."""
+    return math.floor(y) + (1 if u < y - math.floor(y) else 0)
+
+
+def difficulty_vector(difficulty, dims):
+    """The first `dims` values of a difficulty, each clamped to [0, 1] (NaN is 0), padded
+    with 0."""
+
+    def clamp(x):
+        x = float(x)
+        return 0.0 if x != x else min(1.0, max(0.0, x))
+
+    d = [clamp(x) for x in list(difficulty)[:dims]]
+    return d + [0.0] * (dims - len(d))
 
 
 class Environment:

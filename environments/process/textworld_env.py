@@ -41,9 +41,7 @@ is.
 
 import argparse
 import hashlib
-import math
 import os
-import random
 import sys
 from pathlib import Path
 
@@ -90,16 +88,10 @@ INSTRUCTIONS = (
 
 
 def stream(seed, split, part):
-    return random.Random(f"textworld/{split}/{seed}/{part}")
+    return rlany_protocol.task_stream("textworld", seed, split, part)
 
 
-def sround(y, u):
-    return math.floor(y) + (1 if u < y - math.floor(y) else 0)
-
-
-def clamp(x):
-    x = float(x)
-    return 0.0 if x != x else min(1.0, max(0.0, x))
+sround = rlany_protocol.stochastic_round
 
 
 def clean(text, sep):
@@ -123,7 +115,7 @@ class Games:
         self.games = games
 
     def shape(self, difficulty, split, seed):
-        d = [clamp(x) for x in list(difficulty)[:3]] + [0.0] * max(0, 3 - len(difficulty))
+        d = rlany_protocol.difficulty_vector(difficulty, 3)
         space = "eval" if split == "eval" else ("ood" if split == "ood" else "train")
         u = lambda part: stream(seed, space, part).random()  # noqa: E731
         world = 1 + sround(3 * d[WORLD], u("world"))
