@@ -670,6 +670,21 @@ fn a_missing_pretrained_model_fails_check_and_run_with_the_fetch_command() {
     let _ = fs::remove_dir_all(dir);
 }
 
+/// Options that resume the run in `run` from its latest checkpoint, quietly, with no cache.
+fn resume_options(run: &Path) -> rlany_framework::TrainOptions {
+    rlany_framework::TrainOptions {
+        run_dir: run.to_path_buf(),
+        resume: true,
+        stop_after: None,
+        progress: false,
+        log_lines: false,
+        meta: Value::Null,
+        warm_cache: None,
+        checkpoint: None,
+        observer: None,
+    }
+}
+
 /// `experiments/pretrained/<file>` with every pretrained source pointed at `model` (the
 /// file's paths are relative to the repository root; tests run in tests/).
 fn shipped_pretrained(file: &str, model: &Path) -> rlany::Experiment {
@@ -910,17 +925,7 @@ fn a_non_finite_loss_stops_the_run_naming_the_step_and_keeps_the_checkpoint() {
     let latest = fs::read_to_string(run.join("checkpoints/latest")).expect("latest");
     assert_eq!(latest.trim(), "step-000002");
     // The error names the step.
-    let opts = rlany_framework::TrainOptions {
-        run_dir: run.clone(),
-        resume: true,
-        stop_after: None,
-        progress: false,
-        log_lines: false,
-        meta: Value::Null,
-        warm_cache: None,
-        checkpoint: None,
-        observer: None,
-    };
+    let opts = resume_options(&run);
     let err = format!("{:#}", rlany::run(&exp, 3, &opts).expect_err("must fail"));
     assert!(err.contains("training step 3"), "{err}");
     let _ = fs::remove_dir_all(dir);
@@ -1761,17 +1766,7 @@ fn a_process_environment_run_stops_clearly_and_resumes_exactly() {
     );
     let run = runs.join("process_smoke/seed-1");
     fs::write(&sentinel, "").expect("sentinel");
-    let opts = rlany_framework::TrainOptions {
-        run_dir: run.clone(),
-        resume: true,
-        stop_after: None,
-        progress: false,
-        log_lines: false,
-        meta: Value::Null,
-        warm_cache: None,
-        checkpoint: None,
-        observer: None,
-    };
+    let opts = resume_options(&run);
     let t = std::time::Instant::now();
     let err = format!(
         "{:#}",
