@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use burn::prelude::Backend;
-use rlany_framework::{BackendKind, CausalLm, Rng, SampleParams, Tokenizer};
+use rlany_framework::{CausalLm, Rng, SampleParams, Tokenizer};
 use rlany_models::{Role, load_pretrained};
 
 use crate::UsageError;
@@ -81,51 +81,14 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     if !args.model.exists() {
         return Err(UsageError(missing_model_hint(&args.model)).into());
     }
-    match crate::parse_backend(&args.backend)? {
-        BackendKind::NdArray => {
-            generate_on::<burn::backend::NdArray<f32>>(args, &Default::default())
-        }
-        BackendKind::Flex => {
-            #[cfg(feature = "flex")]
-            {
-                generate_on::<burn::backend::Flex>(args, &Default::default())
-            }
-            #[cfg(not(feature = "flex"))]
-            Err(not_compiled("flex"))
-        }
-        BackendKind::Wgpu => {
-            #[cfg(feature = "wgpu")]
-            {
-                type B = burn::backend::Wgpu;
-                crate::device::probe::<B>("wgpu", &Default::default())?;
-                generate_on::<B>(args, &Default::default())
-            }
-            #[cfg(not(feature = "wgpu"))]
-            Err(not_compiled("wgpu"))
-        }
-        BackendKind::Cuda(index) => {
-            #[cfg(feature = "cuda")]
-            {
-                type B = burn::backend::Cuda;
-                let device = burn::backend::cuda::CudaDevice::new(index);
-                crate::device::probe::<B>(&format!("cuda:{index}"), &device)?;
-                generate_on::<B>(args, &device)
-            }
-            #[cfg(not(feature = "cuda"))]
-            {
-                let _ = index;
-                Err(not_compiled("cuda"))
-            }
+    struct Generate<'a>(&'a GenerateArgs);
+    impl crate::OnBackend for Generate<'_> {
+        type Output = ();
+        fn on<B: rlany_kernels::LogProbOps>(self, device: &B::Device) -> Result<()> {
+            generate_on::<B>(self.0, device)
         }
     }
-}
-
-#[allow(dead_code)] // unused when every backend is compiled in
-fn not_compiled(feature: &str) -> anyhow::Error {
-    UsageError(format!(
-        "--backend {feature} is not compiled in: rebuild with `--features {feature}`"
-    ))
-    .into()
+    crate::on_backend(crate::parse_backend(&args.backend)?, Generate(args))
 }
 
 /// `rlany generate` on backend `B`.

@@ -382,51 +382,68 @@ fn seed_of_run_dir(dir: &Path) -> Result<u64> {
 
 /// Runs (or resumes) one seed of `exp` on the backend it names.
 pub fn run(exp: &Experiment, seed: u64, opts: &TrainOptions) -> Result<RunSummary> {
-    match exp.backend {
-        BackendKind::NdArray => {
-            type B = Autodiff<burn::backend::NdArray<f32>>;
-            run_seed::<B>(exp, seed, &Default::default(), opts)
+    struct Train<'a>(&'a Experiment, u64, &'a TrainOptions);
+    impl OnBackend for Train<'_> {
+        type Output = RunSummary;
+        fn on<B: rlany_kernels::LogProbOps>(self, device: &B::Device) -> Result<RunSummary> {
+            run_seed::<Autodiff<B>>(self.0, self.1, device, self.2)
         }
+    }
+    on_backend(exp.backend, Train(exp, seed, opts))
+}
+
+/// Work that can run on any backend: `rlany run` trains on its autodiff form, `rlany
+/// generate` decodes on the backend itself.
+pub(crate) trait OnBackend {
+    /// What the work returns.
+    type Output;
+    /// The work on backend `B`, on `device`.
+    fn on<B: rlany_kernels::LogProbOps>(self, device: &B::Device) -> Result<Self::Output>;
+}
+
+/// `job` on the backend `kind` names: a GPU backend is started first (a failed start is a
+/// clear error); a backend this binary was built without is a usage error naming the
+/// feature to build with.
+pub(crate) fn on_backend<J: OnBackend>(kind: BackendKind, job: J) -> Result<J::Output> {
+    #[allow(dead_code)] // unused when every backend is compiled in
+    fn not_compiled(backend: &str, feature: &str) -> anyhow::Error {
+        UsageError(format!(
+            "backend {backend} is not compiled in: rebuild with `--features {feature}`"
+        ))
+        .into()
+    }
+    match kind {
+        BackendKind::NdArray => job.on::<burn::backend::NdArray<f32>>(&Default::default()),
         BackendKind::Flex => {
             #[cfg(feature = "flex")]
             {
-                type B = Autodiff<burn::backend::Flex>;
-                run_seed::<B>(exp, seed, &Default::default(), opts)
+                job.on::<burn::backend::Flex>(&Default::default())
             }
             #[cfg(not(feature = "flex"))]
-            Err(UsageError(
-                "backend Flex is not compiled in: rebuild with `--features flex`".into(),
-            )
-            .into())
+            Err(not_compiled("Flex", "flex"))
         }
         BackendKind::Wgpu => {
             #[cfg(feature = "wgpu")]
             {
-                type B = Autodiff<burn::backend::Wgpu>;
+                type B = burn::backend::Wgpu;
                 device::probe::<B>("wgpu", &Default::default())?;
-                run_seed::<B>(exp, seed, &Default::default(), opts)
+                job.on::<B>(&Default::default())
             }
             #[cfg(not(feature = "wgpu"))]
-            Err(UsageError(
-                "backend Wgpu is not compiled in: rebuild with `--features wgpu`".into(),
-            )
-            .into())
+            Err(not_compiled("Wgpu", "wgpu"))
         }
         BackendKind::Cuda(index) => {
             #[cfg(feature = "cuda")]
             {
-                type B = Autodiff<burn::backend::Cuda>;
+                type B = burn::backend::Cuda;
                 let device = burn::backend::cuda::CudaDevice::new(index);
                 device::probe::<B>(&format!("cuda:{index}"), &device)?;
-                run_seed::<B>(exp, seed, &device, opts)
+                job.on::<B>(&device)
             }
             #[cfg(not(feature = "cuda"))]
             {
                 let _ = index;
-                Err(UsageError(
-                    "backend Cuda is not compiled in: rebuild with `--features cuda`".into(),
-                )
-                .into())
+                Err(not_compiled("Cuda", "cuda"))
             }
         }
     }
