@@ -7,6 +7,7 @@
 mod bench;
 mod bench_models;
 pub mod device;
+pub mod distributed;
 mod envcmd;
 mod generate;
 pub mod overrides;
@@ -74,6 +75,9 @@ enum Command {
         /// Do not share warm starts through RUNS_DIR/.warm-cache.
         #[arg(long)]
         no_warm_cache: bool,
+        /// Where the run's peers are (one replica in this process unless told otherwise).
+        #[command(flatten)]
+        placement: distributed::PlacementArgs,
     },
     /// Run an ablation suite: every experiment file of SUITE_DIR (rows in file-name order) for
     /// every seed, sharing identical warm starts; resumable; writes the suite's report.
@@ -233,6 +237,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             sets,
             checkpoint,
             no_warm_cache,
+            placement,
         } => {
             let mut exp = overrides::apply(&Experiment::load(&file)?, &sets)
                 .map_err(|e| UsageError(e.to_string()))?;
@@ -244,7 +249,7 @@ fn dispatch(cli: Cli) -> Result<()> {
                 (None, Some(dir)) => vec![seed_of_run_dir(dir)?],
                 (None, None) => exp.seeds.clone(),
             };
-            for s in seeds {
+            let opts_for = |s: u64| {
                 let run_dir = match &resume {
                     Some(d) => d.clone(),
                     None => runs_dir.join(&exp.name).join(format!("seed-{s}")),
@@ -258,8 +263,8 @@ fn dispatch(cli: Cli) -> Result<()> {
                         .unwrap_or_else(|| PathBuf::from(WARM_CACHE)),
                     None => runs_dir.join(WARM_CACHE),
                 });
-                let opts = TrainOptions {
-                    run_dir: run_dir.clone(),
+                TrainOptions {
+                    run_dir,
                     resume: resume.is_some(),
                     stop_after,
                     progress: !no_progress,
@@ -268,7 +273,15 @@ fn dispatch(cli: Cli) -> Result<()> {
                     warm_cache,
                     checkpoint: checkpoint.clone(),
                     observer: None,
-                };
+                    placement: Default::default(),
+                }
+            };
+            if placement.is_spread() {
+                return distributed::run_spread(&exp, &seeds, &placement, &opts_for);
+            }
+            for s in seeds {
+                let opts = opts_for(s);
+                let run_dir = opts.run_dir.clone();
                 let started = std::time::Instant::now();
                 let summary =
                     run(&exp, s, &opts).with_context(|| format!("run {}", run_dir.display()))?;

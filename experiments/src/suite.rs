@@ -233,6 +233,7 @@ pub fn ablate(o: &SuiteOptions) -> Result<()> {
             meta: meta_json(exp, seed, &row.file),
             warm_cache: o.warm_cache.then(|| cache.clone()),
             checkpoint: None,
+            placement: Default::default(),
             observer: Some(observer),
         };
         let started = std::time::Instant::now();

@@ -219,3 +219,163 @@ fn generate_decodes_a_batch_of_fixed_length_rows() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--batch must be at least 1"), "{err}");
 }
+
+/// The full system at a tiny scale (a learned judge, the GP proposer, a KL penalty against a
+/// frozen reference) with two shards: what the placement tests spread over peers.
+const TINY_FULL: &str = r#"
+Experiment(
+    name: "tiny_placed",
+    seeds: [3],
+    shards: 2,
+    environment: Arith(max_operands: 3, difficulty: [0.0, 0.0, 0.0]),
+    policy: (
+        model: Scratch(d_model: 32, layers: 1, heads: 2, kv_heads: 1, ffn: 64, max_seq_len: 48),
+        warm_start: (steps: 120, batch: 32, lr: 1e-2, noise: 0.6),
+        sampling: (max_step_tokens: 8),
+    ),
+    judge: Learned(model: Scratch(d_model: 32, layers: 1, heads: 2, kv_heads: 1, ffn: 64, max_seq_len: 64),
+        warm_start: (labels: 60, label_noise: 0.25, steps: 20, batch: 16, lr: 1e-2), lr: 1e-3),
+    reward: (policy_band: (0.1, 0.9), judge_band: (0.0, 1.0)),
+    algorithm: Ppo(lr: 1e-3, policy_updates: 2, kl: (coef: 0.05, estimator: K2, target: Reference)),
+    adaptation: Gp(target: 0.5, band: (0.3, 0.7), candidates: 64),
+    gate: (window: 4, min_rollouts: 6),
+    budget: (steps: 6, tasks_per_step: 6, group_size: 6, max_env_steps: 3,
+             eval_every: 2, eval_tasks: 8, checkpoint_every: 2),
+)
+"#;
+
+/// A run's metrics lines with the wall-clock keys removed.
+fn metrics_of(run: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(run.join("metrics.jsonl")).expect("metrics.jsonl");
+    text.lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).expect("a JSON line");
+            if let Some(m) = v.as_object_mut() {
+                m.retain(|k, _| !k.starts_with("perf/") && !k.starts_with("time/"));
+            }
+            v
+        })
+        .collect()
+}
+
+/// A placement is not part of the experiment: two peers in one process (burn-collective's
+/// local all-reduce) write the metrics of one process running both shards, and a run
+/// checkpointed under one placement resumes under the other with the same metrics.
+#[cfg(feature = "distributed")]
+#[test]
+fn two_local_peers_write_the_one_process_metrics_and_resume_across_placements() {
+    let dir = scratch("placement");
+    let file = dir.join("tiny.ron");
+    std::fs::write(&file, TINY_FULL).expect("write experiment");
+    let f = file.to_string_lossy().into_owned();
+    let run_in = |runs: &Path, extra: &[&str]| {
+        let mut args = vec!["run", &f, "--no-warm-cache"];
+        args.extend_from_slice(extra);
+        let (code, err, _) = rlany(&args, &[], runs);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        err
+    };
+    let seed = |runs: &Path| runs.join("tiny_placed/seed-3");
+    let alone = dir.join("alone");
+    run_in(&alone, &[]);
+    let want = metrics_of(&seed(&alone));
+    assert_eq!(want.len(), 7, "the warm start and six steps");
+    assert!(
+        want.iter().any(|m| m.get("policy/loss").is_some()),
+        "the policy took a PPO update (else the equality says little)"
+    );
+
+    let peers = dir.join("peers");
+    let err = run_in(&peers, &["--peers", "2", "--peer-timeout", "60"]);
+    assert!(err.contains("peer 1 of 2: seed 3 done at step 6"), "{err}");
+    assert_eq!(metrics_of(&seed(&peers)), want, "two local peers");
+
+    // Checkpointed with two peers, resumed alone; and the other way round.
+    for (tag, first, then) in [
+        ("two-then-one", &["--peers", "2"][..], &[][..]),
+        ("one-then-two", &[][..], &["--peers", "2"][..]),
+    ] {
+        let runs = dir.join(tag);
+        let mut a = vec!["--stop-after", "3"];
+        a.extend_from_slice(first);
+        run_in(&runs, &a);
+        let resume = seed(&runs).to_string_lossy().into_owned();
+        let mut b = vec!["--resume", resume.as_str()];
+        b.extend_from_slice(then);
+        run_in(&runs, &b);
+        assert_eq!(metrics_of(&seed(&runs)), want, "{tag}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A free TCP port on the loopback (bound, then released).
+#[cfg(feature = "distributed")]
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A node whose peer never arrives, and a node whose coordinator never answers, stop within
+/// their --peer-timeout with an error naming what is missing (exit 1), never hang.
+#[cfg(feature = "distributed")]
+#[test]
+fn a_missing_node_or_coordinator_is_a_clear_error_within_the_timeout() {
+    let dir = scratch("placement-faults");
+    let file = dir.join("tiny.ron");
+    std::fs::write(&file, TINY_FULL).expect("write experiment");
+    let f = file.to_string_lossy().into_owned();
+    for (rank, want) in [(0, "node 1"), (1, "coordinator 127.0.0.1")] {
+        let coord = format!("127.0.0.1:{}", free_port());
+        let node_addr = format!("127.0.0.1:{}", free_port());
+        let rank_s = rank.to_string();
+        let started = std::time::Instant::now();
+        let (code, err, _) = rlany(
+            &[
+                "run",
+                &f,
+                "--nodes",
+                "2",
+                "--node-rank",
+                &rank_s,
+                "--coordinator",
+                &coord,
+                "--node-address",
+                &node_addr,
+                "--peer-timeout",
+                "3",
+            ],
+            &[],
+            &dir.join(format!("runs-{rank}")),
+        );
+        let took = started.elapsed().as_secs_f64();
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("no answer within 3 s"), "{err}");
+        assert!(err.contains(want), "rank {rank}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(took < 30.0, "took {took:.1} s");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A placement with more peers than the experiment has shards is refused before anything
+/// runs (exit 2), naming the setting to change; without the distributed build, the feature.
+#[test]
+fn a_placement_wider_than_the_shards_is_refused() {
+    let dir = scratch("placement-usage");
+    let runs = dir.join("runs");
+    let (code, err, made) = rlany(
+        &["run", "experiments/quickstart.ron", "--peers", "2"],
+        &[],
+        &runs,
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(!made, "a run directory was made: {err}");
+    if cfg!(feature = "distributed") {
+        assert!(err.contains("--set shards=2"), "{err}");
+    } else {
+        assert!(err.contains("--features distributed"), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

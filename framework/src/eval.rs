@@ -9,6 +9,7 @@
 use crate::advantage::accuracy;
 use crate::env::{Environment, Split};
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
+use crate::placement::{Placement, PlacementError};
 use crate::rng::Rng;
 use crate::rollout::{Trajectory, rollout_sharded};
 use burn::prelude::Backend;
@@ -27,7 +28,7 @@ pub struct EvalResult {
 }
 
 /// What one evaluation plays.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct EvalSpec<'a> {
     /// Which split.
     pub split: Split,
@@ -47,6 +48,8 @@ pub struct EvalSpec<'a> {
     pub on_device: bool,
     /// Data-parallel shards: the tasks are played in this many groups, a thread each.
     pub shards: usize,
+    /// Which peers play them.
+    pub placement: &'a Placement,
 }
 
 /// Plays `spec.tasks` tasks of `spec.split` greedily.
@@ -55,7 +58,7 @@ pub fn evaluate<B: Backend, M: CausalLm<B>>(
     env: &dyn Environment,
     tok: &dyn Tokenizer,
     spec: &EvalSpec<'_>,
-) -> EvalResult {
+) -> Result<EvalResult, PlacementError> {
     let EvalSpec {
         split,
         levels,
@@ -66,6 +69,7 @@ pub fn evaluate<B: Backend, M: CausalLm<B>>(
         max_env_steps,
         on_device,
         shards,
+        placement,
     } = *spec;
     let mut task_rng = Rng::derive(
         seed,
@@ -97,7 +101,8 @@ pub fn evaluate<B: Backend, M: CausalLm<B>>(
         max_env_steps,
         &mut rng,
         shards,
-    );
+        placement,
+    )?;
     let outcomes: Vec<bool> = trajectories.iter().map(|t| t.outcome).collect();
     let labels: Vec<bool> = trajectories
         .iter()
@@ -109,10 +114,10 @@ pub fn evaluate<B: Backend, M: CausalLm<B>>(
             (levels[l], accuracy(&solved))
         })
         .collect();
-    EvalResult {
+    Ok(EvalResult {
         by_level,
         accuracy: accuracy(&outcomes),
         step_accuracy: accuracy(&labels),
         trajectories,
-    }
+    })
 }

@@ -14,6 +14,7 @@
 
 use crate::env::{Environment, Split};
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
+use crate::placement::{Placement, PlacementError};
 use crate::reward::Verdict;
 use crate::rng::Rng;
 use crate::rollout::{Trajectory, replay_demonstration, rollout};
@@ -95,6 +96,7 @@ pub fn parse_verdict(tok: &dyn Tokenizer, token: u32) -> Verdict {
 }
 
 /// Judges every step of `trajs` `votes` times at `temperature`, in one batched call.
+#[allow(clippy::too_many_arguments)]
 pub fn judge_steps<B: Backend, M: CausalLm<B>>(
     judge: &M,
     tok: &dyn Tokenizer,
@@ -103,7 +105,8 @@ pub fn judge_steps<B: Backend, M: CausalLm<B>>(
     temperature: f64,
     rng: &mut Rng,
     shards: usize,
-) -> Vec<JudgedStep> {
+    placement: &Placement,
+) -> Result<Vec<JudgedStep>, PlacementError> {
     let mut judged: Vec<JudgedStep> = Vec::new();
     for (ti, t) in trajs.iter().enumerate() {
         for si in 0..t.steps.len() {
@@ -116,14 +119,25 @@ pub fn judge_steps<B: Backend, M: CausalLm<B>>(
             });
         }
     }
-    cast_votes(judge, tok, &mut judged, votes, temperature, rng, shards);
-    judged
+    cast_votes(
+        judge,
+        tok,
+        &mut judged,
+        votes,
+        temperature,
+        rng,
+        shards,
+        placement,
+    )?;
+    Ok(judged)
 }
 
 /// Fills each judged step's `votes` tokens and verdicts. With `shards > 1` each pass's
 /// prompts are split into that many groups whose logits are computed on their own threads;
 /// a row's logits do not depend on the rows beside it, and the votes are drawn afterwards
-/// in prompt order, so the verdicts are those of one thread.
+/// in prompt order, so the verdicts are those of one thread. Spread over a placement's peers,
+/// each computes its groups' logits and every peer draws every vote.
+#[allow(clippy::too_many_arguments)]
 fn cast_votes<B: Backend, M: CausalLm<B>>(
     judge: &M,
     tok: &dyn Tokenizer,
@@ -132,15 +146,16 @@ fn cast_votes<B: Backend, M: CausalLm<B>>(
     temperature: f64,
     rng: &mut Rng,
     shards: usize,
-) {
+    placement: &Placement,
+) -> Result<(), PlacementError> {
     if judged.is_empty() || votes == 0 {
-        return;
+        return Ok(());
     }
     // A verdict is one token: the m votes are m draws from the same next-token distribution,
     // so each prompt is run through the judge once (not once per vote); the draws use the
     // models' own sampler, one uniform per vote.
     let Some(device) = judge.devices().into_iter().next() else {
-        return;
+        return Ok(());
     };
     let mut sampler = Sampler::default();
     // Rows per pass: VOTE_BATCH, fewer when prompts are long (activations grow with
@@ -158,12 +173,10 @@ fn cast_votes<B: Backend, M: CausalLm<B>>(
             .into_iter()
             .map(|r| (judge.clone(), &prompts[r]))
             .collect();
-        let rows: Vec<Vec<f32>> = crate::shard::map(groups, |(model, group)| {
-            last_logits(&model, group, tok.pad(), &device)
-        })
-        .into_iter()
-        .flatten()
-        .collect();
+        let rows =
+            crate::shard::map_placed_rows(placement, groups, "judge logits", |(model, group)| {
+                last_logits(&model, group, tok.pad(), &device)
+            })?;
         for (j, row) in chunk.iter_mut().zip(rows) {
             for _ in 0..votes {
                 let (token, _) = sampler.sample(&row, temperature, 1.0, rng);
@@ -172,6 +185,7 @@ fn cast_votes<B: Backend, M: CausalLm<B>>(
             }
         }
     }
+    Ok(())
 }
 
 /// Judge prompts run through the model per forward pass, at most.
@@ -323,6 +337,7 @@ pub fn labelled_pool(
 }
 
 /// The judge's majority verdicts on labelled prompts (one entry per prompt).
+#[allow(clippy::too_many_arguments)]
 pub fn judge_prompts<B: Backend, M: CausalLm<B>>(
     judge: &M,
     tok: &dyn Tokenizer,
@@ -331,7 +346,8 @@ pub fn judge_prompts<B: Backend, M: CausalLm<B>>(
     temperature: f64,
     rng: &mut Rng,
     shards: usize,
-) -> Vec<JudgedStep> {
+    placement: &Placement,
+) -> Result<Vec<JudgedStep>, PlacementError> {
     let mut judged: Vec<JudgedStep> = prompts
         .iter()
         .enumerate()
@@ -343,8 +359,17 @@ pub fn judge_prompts<B: Backend, M: CausalLm<B>>(
             verdicts: Vec::with_capacity(votes),
         })
         .collect();
-    cast_votes(judge, tok, &mut judged, votes, temperature, rng, shards);
-    judged
+    cast_votes(
+        judge,
+        tok,
+        &mut judged,
+        votes,
+        temperature,
+        rng,
+        shards,
+        placement,
+    )?;
+    Ok(judged)
 }
 
 /// The judge's accuracy against oracle labels, by label (framework/METHOD.md, "What the paper

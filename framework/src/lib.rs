@@ -15,6 +15,7 @@ pub mod eval;
 pub mod experiment;
 pub mod judge;
 pub mod lm;
+pub mod placement;
 pub mod plugin;
 pub mod ppo;
 pub mod progress;
@@ -35,6 +36,7 @@ pub use experiment::{BackendKind, Experiment, ExperimentError};
 pub use lm::{
     CausalLm, ChatMarkup, Generation, PromptFormat, SampleParams, Tokenizer, last_positions,
 };
+pub use placement::{Collective, Placement, PlacementError};
 pub use rng::Rng;
 pub use rollout::{StepSpan, Trajectory, rollout};
 pub use trainer::{Components, RunSummary, StepObserver, TrainError, TrainOptions, train};

@@ -5,12 +5,13 @@
 
 use crate::env::{Environment, Episode, Split};
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
+use crate::placement::{Placement, PlacementError};
 use crate::rng::Rng;
 use burn::prelude::Backend;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// One step the policy took: where its tokens sit in the trajectory's token sequence.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepSpan {
     /// First generated token of the step (index into `Trajectory::tokens`).
     pub start: usize,
@@ -31,7 +32,7 @@ pub struct StepSpan {
 }
 
 /// One played-out episode.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Trajectory {
     /// Which task (group) of the batch it belongs to.
     pub task: usize,
@@ -155,7 +156,9 @@ pub fn rollout<B: Backend, M: CausalLm<B>>(
 /// [`rollout`] in `shards` contiguous groups of the episodes, each on its own thread with
 /// its own copy of the model and its own sampling stream, seeded from `rng` in group order;
 /// the trajectories come back in the episodes' order (framework/METHOD.md, "Shards"). One
-/// shard is [`rollout`] itself, drawing from `rng` directly.
+/// shard is [`rollout`] itself, drawing from `rng` directly. Spread over a placement's peers,
+/// each peer plays its share of the groups (the others' episodes are never stepped) and every
+/// peer gets every trajectory.
 #[allow(clippy::too_many_arguments)]
 pub fn rollout_sharded<B: Backend, M: CausalLm<B>>(
     model: &M,
@@ -165,9 +168,10 @@ pub fn rollout_sharded<B: Backend, M: CausalLm<B>>(
     max_env_steps: usize,
     rng: &mut Rng,
     shards: usize,
-) -> Vec<Trajectory> {
+    placement: &Placement,
+) -> Result<Vec<Trajectory>, PlacementError> {
     if shards <= 1 || episodes.len() < 2 {
-        return rollout(model, tok, episodes, params, max_env_steps, rng);
+        return Ok(rollout(model, tok, episodes, params, max_env_steps, rng));
     }
     // (model copy, episodes, seed of its sampling stream) per group.
     type Group<M> = (M, Vec<(usize, Box<dyn Episode>)>, u64);
@@ -179,19 +183,22 @@ pub fn rollout_sharded<B: Backend, M: CausalLm<B>>(
             (model.clone(), episodes, rng.next_u64())
         })
         .collect();
-    crate::shard::map(groups, |(model, episodes, seed)| {
-        rollout(
-            &model,
-            tok,
-            episodes,
-            params,
-            max_env_steps,
-            &mut Rng::new(seed),
-        )
-    })
-    .into_iter()
-    .flatten()
-    .collect()
+    let played = crate::shard::map_placed(
+        placement,
+        groups,
+        "trajectories",
+        |(model, episodes, seed)| {
+            rollout(
+                &model,
+                tok,
+                episodes,
+                params,
+                max_env_steps,
+                &mut Rng::new(seed),
+            )
+        },
+    )?;
+    Ok(played.into_iter().flatten().collect())
 }
 
 /// The flawed expert's solution of the task `env.sample(d, Split::Train, seed)` (slip

@@ -76,6 +76,9 @@ impl Metrics {
 #[derive(Debug, Clone)]
 pub struct RunDir {
     root: PathBuf,
+    /// Whether this process writes it (`false` for the peers of a spread run other than the
+    /// first, which read checkpoints from it and write nothing).
+    writes: bool,
 }
 
 impl RunDir {
@@ -87,6 +90,7 @@ impl RunDir {
         fs::create_dir_all(root.join("checkpoints")).map_err(io(root))?;
         let dir = Self {
             root: root.to_path_buf(),
+            writes: true,
         };
         write_atomic(&dir.root.join("resolved.ron"), resolved_ron.as_bytes())?;
         let meta = serde_json::to_string_pretty(meta).unwrap_or_default();
@@ -103,7 +107,22 @@ impl RunDir {
         }
         Ok(Self {
             root: root.to_path_buf(),
+            writes: true,
         })
+    }
+
+    /// A run directory another peer writes: this view reads its checkpoints and writes
+    /// nothing (every write below is skipped).
+    pub fn read_only(root: &Path) -> Self {
+        Self {
+            root: root.to_path_buf(),
+            writes: false,
+        }
+    }
+
+    /// Whether this view writes the directory.
+    pub fn writes(&self) -> bool {
+        self.writes
     }
 
     /// `checkpoints/`.
@@ -118,6 +137,9 @@ impl RunDir {
 
     /// Appends one metrics line (flushed at once, so a killed run loses nothing written).
     pub fn log(&self, m: &Metrics) -> Result<(), RunDirError> {
+        if !self.writes {
+            return Ok(());
+        }
         append_line(&self.metrics_path(), &Value::Object(m.0.clone()))
     }
 
@@ -128,12 +150,18 @@ impl RunDir {
 
     /// Appends one JSON line to the run's file `name` (e.g. `posterior.jsonl`).
     pub fn append(&self, name: &str, v: &Value) -> Result<(), RunDirError> {
+        if !self.writes {
+            return Ok(());
+        }
         append_line(&self.root.join(name), v)
     }
 
     /// Drops every metrics/samples line written after `step` (used on resume, so the lines
     /// of steps redone after the checkpoint are not duplicated).
     pub fn truncate_after(&self, step: usize) -> Result<(), RunDirError> {
+        if !self.writes {
+            return Ok(());
+        }
         for name in [
             "metrics.jsonl",
             "samples.jsonl",

@@ -11,8 +11,16 @@
 //! experiment. Burn's autodiff keeps one graph per connected set of nodes, so each shard gets
 //! fresh leaves for the same parameters ([`fork`]): the shards' graphs stay apart and their
 //! backward passes run at the same time.
+//!
+//! The `_placed` forms spread the shards over the peers of a [`Placement`]: each peer runs its
+//! share and the results are gathered, so that every peer holds exactly what one process
+//! running all shards would.
 
 use std::ops::Range;
+
+use crate::placement::{Placement, PlacementError};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
@@ -95,6 +103,71 @@ pub fn map<T: Send, R: Send>(inputs: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R
     })
 }
 
+/// [`map`] with the inputs spread over `placement`'s peers: each peer maps its share (on its
+/// own threads) and every peer gets every result, in input order; `what` names the exchange.
+/// A single input is mapped by every peer alone.
+pub fn map_placed<T: Send, R: Send + Serialize + DeserializeOwned>(
+    placement: &Placement,
+    inputs: Vec<T>,
+    what: &str,
+    f: impl Fn(T) -> R + Sync,
+) -> Result<Vec<R>, PlacementError> {
+    if !placement.is_spread() || inputs.len() <= 1 {
+        return Ok(map(inputs, f));
+    }
+    let owned = placement.owned(inputs.len());
+    let mine: Vec<T> = own(inputs, &owned);
+    let gathered = placement.gather(map(mine, f), what)?;
+    Ok(gathered.into_iter().flatten().collect())
+}
+
+/// [`map_placed`] for work whose results are rows of floats (logits, say): exchanged as the
+/// floats themselves rather than serialised, one row per result row, in input order.
+pub fn map_placed_rows<T: Send>(
+    placement: &Placement,
+    inputs: Vec<T>,
+    what: &str,
+    f: impl Fn(T) -> Vec<Vec<f32>> + Sync,
+) -> Result<Vec<Vec<f32>>, PlacementError> {
+    if !placement.is_spread() || inputs.len() <= 1 {
+        return Ok(map(inputs, f).into_iter().flatten().collect());
+    }
+    let owned = placement.owned(inputs.len());
+    let rows: Vec<Vec<f32>> = map(own(inputs, &owned), f).into_iter().flatten().collect();
+    // Row count and row lengths as 16-bit halves, then the rows.
+    let halves = |n: usize| [(n >> 16) as f32, (n & 0xffff) as f32];
+    let mut flat: Vec<f32> = halves(rows.len()).to_vec();
+    rows.iter().for_each(|r| flat.extend(halves(r.len())));
+    rows.iter().for_each(|r| flat.extend_from_slice(r));
+    drop(rows);
+    let mut out = Vec::new();
+    for (peer, row) in placement.gather_rows(flat, what)?.iter().enumerate() {
+        let bad = || PlacementError::Codec {
+            peer,
+            what: what.to_string(),
+            message: "bad row framing".into(),
+        };
+        let word = |i: usize| -> Result<usize, PlacementError> {
+            let h = row.get(2 * i..2 * i + 2).ok_or_else(bad)?;
+            Ok(((h[0] as usize) << 16) | h[1] as usize)
+        };
+        let n = word(0)?;
+        let mut pos = 2 * (n + 1);
+        for i in 0..n {
+            let len = word(i + 1)?;
+            out.push(row.get(pos..pos + len).ok_or_else(bad)?.to_vec());
+            pos += len;
+        }
+    }
+    Ok(out)
+}
+
+/// The inputs at the positions `owned`.
+fn own<T>(inputs: Vec<T>, owned: &Range<usize>) -> Vec<T> {
+    let skip = owned.start;
+    inputs.into_iter().skip(skip).take(owned.len()).collect()
+}
+
 /// Runs `loss(model copy, input)` for every input on its own thread, backward included, and
 /// returns the summed gradients (keyed by `model`'s parameters) with each shard's extra
 /// result, in input order. A panic in a shard is re-raised here. A single input runs on
@@ -129,33 +202,161 @@ where
     (sum.total, extras)
 }
 
-/// [`grads`] with at most `threads` inputs in flight: the inputs run in waves of `threads`
-/// (each wave as [`grads`], in input order), and the waves' gradients are summed in wave order.
-/// Peak memory is that of one wave, so a batch larger than memory can be split into many
-/// small row groups (gradient accumulation). One wave is exactly [`grads`].
-pub fn grads_in_waves<B, M, T, R, F>(
+/// [`grads`] with the inputs spread over `placement`'s peers: each peer runs its share's
+/// backward passes, the per-input gradients are gathered (flattened in the model's parameter
+/// order), and every peer sums all of them in input order exactly as [`grads`] does. A single
+/// input is run by every peer alone.
+pub fn grads_placed<B, M, T, R, F>(
+    placement: &Placement,
     model: &M,
     inputs: Vec<T>,
-    threads: usize,
     loss: F,
-) -> (GradientsParams, Vec<R>)
+) -> Result<(GradientsParams, Vec<R>), PlacementError>
 where
     B: AutodiffBackend,
     M: AutodiffModule<B>,
     T: Send,
-    R: Send,
+    R: Send + Serialize + DeserializeOwned,
+    F: Fn(&M, T) -> (Tensor<B, 1>, R) + Sync,
+{
+    if !placement.is_spread() || inputs.len() <= 1 {
+        return Ok(grads(model, inputs, loss));
+    }
+    let n = inputs.len();
+    let owned = placement.owned(n);
+    let mine: Vec<(M, T)> = own(inputs, &owned)
+        .into_iter()
+        .map(|t| (fork(model), t))
+        .collect();
+    let results = map(mine, |(copy, input)| {
+        let (value, extra) = loss(&copy, input);
+        (GradientsParams::from_grads(value.backward(), &copy), extra)
+    });
+    let (mine, extras): (Vec<_>, Vec<_>) = results.into_iter().unzip();
+    let mut flat = Vec::new();
+    for g in &mine {
+        model.visit::<Flatten<'_>>(&mut Flatten {
+            grads: g,
+            out: &mut flat,
+        });
+    }
+    drop(mine);
+    let rows = placement.gather_rows(flat, "gradients")?;
+    let mut parts: Vec<GradientsParams> = Vec::with_capacity(n);
+    for (peer, row) in rows.iter().enumerate() {
+        let mut pos = 0;
+        for _ in crate::placement::share(n, placement.peers(), peer) {
+            let mut un = Unflatten {
+                src: row,
+                pos,
+                out: GradientsParams::new(),
+                bad: false,
+            };
+            model.visit::<Unflatten<'_>>(&mut un);
+            if un.bad {
+                return Err(PlacementError::Codec {
+                    peer,
+                    what: "gradients".into(),
+                    message: "fewer values than the model has parameters".into(),
+                });
+            }
+            pos = un.pos;
+            parts.push(un.out);
+        }
+    }
+    let mut sum = Sum {
+        parts: &mut parts,
+        total: GradientsParams::new(),
+    };
+    model.visit::<Sum<'_>>(&mut sum);
+    let extras = placement.gather(extras, "loss values")?;
+    Ok((sum.total, extras.into_iter().flatten().collect()))
+}
+
+/// Appends one input's gradients to `out` in the model's parameter order: per parameter a
+/// presence flag (1 or 0), then its values when present.
+struct Flatten<'a> {
+    grads: &'a GradientsParams,
+    out: &'a mut Vec<f32>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Flatten<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        match self.grads.get::<B::InnerBackend, D>(param.id) {
+            Some(g) => {
+                self.out.push(1.0);
+                let data = g.into_data().convert::<f32>();
+                self.out
+                    .extend_from_slice(data.as_slice::<f32>().unwrap_or(&[]));
+            }
+            None => self.out.push(0.0),
+        }
+    }
+}
+
+/// Reads back what [`Flatten`] wrote, from `src[pos..]`, as gradients on the parameters'
+/// devices; `bad` when `src` ends early.
+struct Unflatten<'a> {
+    src: &'a [f32],
+    pos: usize,
+    out: GradientsParams,
+    bad: bool,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Unflatten<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let Some(&flag) = self.src.get(self.pos) else {
+            self.bad = true;
+            return;
+        };
+        self.pos += 1;
+        if flag == 0.0 {
+            return;
+        }
+        let p = param.val();
+        let (shape, device) = (p.shape(), p.device());
+        let len = shape.num_elements();
+        let Some(values) = self.src.get(self.pos..self.pos + len) else {
+            self.bad = true;
+            return;
+        };
+        self.pos += len;
+        let g = Tensor::<B::InnerBackend, D>::from_data(
+            TensorData::new(values.to_vec(), shape),
+            &device,
+        );
+        self.out.register(param.id, g);
+    }
+}
+
+/// [`grads`] with at most `threads` inputs in flight: the inputs run in waves of `threads`
+/// (each wave as [`grads_placed`], in input order), and the waves' gradients are summed in wave
+/// order. Peak memory is that of one wave, so a batch larger than memory can be split into
+/// many small row groups (gradient accumulation). One wave is exactly [`grads_placed`].
+pub fn grads_in_waves<B, M, T, R, F>(
+    placement: &Placement,
+    model: &M,
+    inputs: Vec<T>,
+    threads: usize,
+    loss: F,
+) -> Result<(GradientsParams, Vec<R>), PlacementError>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    T: Send,
+    R: Send + Serialize + DeserializeOwned,
     F: Fn(&M, T) -> (Tensor<B, 1>, R) + Sync,
 {
     let threads = threads.max(1);
     if inputs.len() <= threads {
-        return grads(model, inputs, loss);
+        return grads_placed(placement, model, inputs, loss);
     }
     let mut waves: Vec<GradientsParams> = Vec::new();
     let mut extras = Vec::with_capacity(inputs.len());
     let mut rest = inputs.into_iter().peekable();
     while rest.peek().is_some() {
         let wave: Vec<T> = rest.by_ref().take(threads).collect();
-        let (g, e) = grads(model, wave, &loss);
+        let (g, e) = grads_placed(placement, model, wave, &loss)?;
         extras.extend(e);
         waves.push(g);
         // Fold as we go, so that only two waves' gradients are held at once.
@@ -169,7 +370,7 @@ where
         }
     }
     let total = waves.pop().unwrap_or_else(GradientsParams::new);
-    (total, extras)
+    Ok((total, extras))
 }
 
 #[cfg(test)]
@@ -239,12 +440,56 @@ mod tests {
     fn gradients_accumulated_in_waves_sum_to_the_whole_batch_gradient() {
         let (layer, x) = fixture(11, 7);
         // Five groups of rows (2, 2, 1, 1, 1) in waves of two: three waves.
-        let (waved, extras) = grads_in_waves(&layer, row_groups(&x, 5), 2, |m: &Linear<B>, x| {
-            let rows = x.dims()[0];
-            (row_loss(m, x), rows)
-        });
+        let single = Placement::default();
+        let (waved, extras) =
+            grads_in_waves(&single, &layer, row_groups(&x, 5), 2, |m: &Linear<B>, x| {
+                let rows = x.dims()[0];
+                (row_loss(m, x), rows)
+            })
+            .expect("one peer");
         assert_eq!(extras, vec![2, 2, 1, 1, 1]);
         assert_whole_batch_gradient(&layer, x, &waved);
+    }
+
+    /// Flattened weight and bias gradients of `layer` in `g`.
+    fn flat(layer: &Linear<B>, g: &GradientsParams) -> Vec<f32> {
+        let mut out = Vec::new();
+        layer.visit::<Flatten<'_>>(&mut Flatten {
+            grads: g,
+            out: &mut out,
+        });
+        out
+    }
+
+    /// Four shards spread over 2 or 3 peers give every peer, bit for bit, the gradients and
+    /// loss values one process computes from the same four shards (3 peers: shares 2, 1, 1).
+    #[test]
+    fn placed_gradients_equal_one_process_bit_for_bit() {
+        let (layer, x) = fixture(5, 9);
+        let loss = |m: &Linear<B>, x: Tensor<B, 2>| {
+            let l = row_loss(m, x);
+            let v = l.clone().into_scalar();
+            (l, v)
+        };
+        let (alone, values) = grads(&layer, row_groups(&x, 4), loss);
+        let alone = flat(&layer, &alone);
+        for peers in [2, 3] {
+            let out = crate::placement::tests::on_peers(peers, |p| {
+                let (g, v) = grads_placed(&p, &layer, row_groups(&x, 4), loss).expect("placed");
+                (flat(&layer, &g), v)
+            });
+            for (g, v) in out {
+                assert_eq!(g, alone, "{peers} peers");
+                assert_eq!(v, values);
+            }
+        }
+        let mapped = crate::placement::tests::on_peers(3, |p| {
+            map_placed(&p, (0..5).collect(), "squares", |i: u32| (i * i, p.rank())).expect("map")
+        });
+        // Every peer sees every result, each computed by its owner (shares 2, 2, 1).
+        for m in mapped {
+            assert_eq!(m, vec![(0, 0), (1, 0), (4, 1), (9, 1), (16, 2)]);
+        }
     }
 
     /// The shards' summed gradient of a row-sum loss is the whole batch's gradient.

@@ -28,8 +28,9 @@ use crate::experiment::{
 };
 use crate::judge;
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
+use crate::placement::{Placement, PlacementError, checksum};
 use crate::plugin::{AdaptationChoice, EnvironmentChoice};
-use crate::ppo::{NonFinite, UpdateParams, ppo_update};
+use crate::ppo::{NonFinite, UpdateError, UpdateParams, ppo_update};
 use crate::progress;
 use crate::rng::Rng;
 use crate::rollout::rollout_sharded;
@@ -69,6 +70,9 @@ pub enum TrainError {
     /// The proposer's checkpointed state could not be restored.
     #[error("restoring the {0}")]
     Adapt(#[from] crate::adapt::AdaptError),
+    /// The peers of a spread run could not exchange their shards' results, or diverged.
+    #[error("{0}; the run stopped and its last checkpoint is intact")]
+    Placement(PlacementError),
     /// The environment gave up ([`crate::Environment::fault`]).
     #[error(
         "training step {step}: the environment failed; the run stopped and its last checkpoint is intact: {message}"
@@ -81,6 +85,12 @@ pub enum TrainError {
     },
 }
 
+impl From<PlacementError> for TrainError {
+    fn from(e: PlacementError) -> Self {
+        Self::Placement(e)
+    }
+}
+
 /// `Err` when the environment reports a fault ([`crate::Environment::fault`]).
 fn env_ok(env: &dyn crate::Environment, step: usize) -> Result<(), TrainError> {
     match env.fault() {
@@ -89,10 +99,13 @@ fn env_ok(env: &dyn crate::Environment, step: usize) -> Result<(), TrainError> {
     }
 }
 
-fn non_finite(step: usize, who: &str) -> impl FnOnce(NonFinite) -> TrainError + '_ {
-    move |NonFinite(what)| TrainError::NonFinite {
-        step,
-        what: format!("{who} {what}"),
+fn non_finite(step: usize, who: &str) -> impl FnOnce(UpdateError) -> TrainError + '_ {
+    move |e| match e {
+        UpdateError::NonFinite(NonFinite(what)) => TrainError::NonFinite {
+            step,
+            what: format!("{who} {what}"),
+        },
+        UpdateError::Placement(e) => TrainError::Placement(e),
     }
 }
 
@@ -118,6 +131,10 @@ pub struct TrainOptions {
     pub checkpoint: Option<String>,
     /// Told about every completed step (e.g. a suite's progress display).
     pub observer: Option<StepObserver>,
+    /// Which peers compute the shards (alone by default). Every peer runs the same loop on its
+    /// own replica; peer 0 alone writes the run directory, and the warm-start cache is not
+    /// used.
+    pub placement: Placement,
 }
 
 /// A callback `(step, total steps)` after every completed training step (step 0 = the warm
@@ -202,10 +219,11 @@ where
         let mut batch = StepBatch::new(step);
         run.tasks_and_rollout(&mut batch)?; // phases 1–2
         run.outcome_and_gate(&mut batch); // phase 3
-        run.judging(&mut batch); // phase 4
+        run.judging(&mut batch)?; // phase 4
         run.rewards_and_advantages(&mut batch); // phase 5
         run.policy_update(&mut batch)?; // phase 6
         run.judge_update(&mut batch)?;
+        run.replicas_agree()?;
         run.proposals(&mut batch); // phase 7
         run.bookkeeping(&mut batch, t0)?; // phase 8
         if opts.stop_after == Some(step) && step < run.cfg.budget.steps {
@@ -451,9 +469,17 @@ where
         device: &'a B::Device,
         opts: &'a TrainOptions,
     ) -> Result<Self, TrainError> {
-        let dir = RunDir::create(&opts.run_dir, &cfg.resolved, &opts.meta)?;
+        let dir = match opts.placement.leads() {
+            true => RunDir::create(&opts.run_dir, &cfg.resolved, &opts.meta)?,
+            false => RunDir::read_only(&opts.run_dir),
+        };
         let mut m = Metrics::new(0);
-        let cache = opts.warm_cache.as_ref().map(WarmCache::new);
+        // Spread peers all compute their warm starts together (a cache hit on one peer only
+        // would leave the others waiting for it).
+        let cache = (!opts.placement.is_spread())
+            .then_some(opts.warm_cache.as_ref())
+            .flatten()
+            .map(WarmCache::new);
         let inputs = seeded(&cfg.warm_policy_inputs, seed);
         let (policy, metrics, hit) = through_cache(
             cache.as_ref(),
@@ -469,6 +495,7 @@ where
                     progress: opts.progress,
                     kernels: cfg.kernels,
                     shards: cfg.shards,
+                    placement: opts.placement.clone(),
                 };
                 let (policy, loss) = warm_start(
                     fresh,
@@ -587,6 +614,7 @@ where
             progress: self.opts.progress,
             kernels: self.cfg.kernels,
             shards: self.cfg.shards,
+            placement: self.opts.placement.clone(),
         };
         // Class-balanced batches alternate a right-labelled and a wrong-labelled example
         // (when both classes exist); otherwise examples are drawn uniformly.
@@ -622,7 +650,10 @@ where
         device: &'a B::Device,
         opts: &'a TrainOptions,
     ) -> Result<Self, TrainError> {
-        let dir = RunDir::open(&opts.run_dir, &cfg.resolved)?;
+        let mut dir = RunDir::open(&opts.run_dir, &cfg.resolved)?;
+        if !opts.placement.leads() {
+            dir = RunDir::read_only(&opts.run_dir);
+        }
         let ckpt = match &opts.checkpoint {
             Some(name) => checkpoint::Reader::named(&dir.checkpoints(), name)?,
             None => checkpoint::Reader::latest(&dir.checkpoints())?,
@@ -671,7 +702,8 @@ where
             self.cfg.budget.max_env_steps,
             &mut self.state.rollout_rng,
             self.cfg.shards,
-        );
+            &self.opts.placement,
+        )?;
         pb.finish_and_clear();
         self.old_policy = Some(old);
         batch.timings.rollout_s = t.elapsed().as_secs_f64();
@@ -701,7 +733,7 @@ where
 
     /// Phase 4: m verdicts per step of every used trajectory (from the judge model, or from
     /// the synthetic judge).
-    fn judging(&mut self, batch: &mut StepBatch) {
+    fn judging(&mut self, batch: &mut StepBatch) -> Result<(), TrainError> {
         let t = Instant::now();
         if self.cfg.judge.has_verdicts() {
             let pb = progress::bar(1, "judge", self.opts.progress);
@@ -717,7 +749,8 @@ where
                     spec.temperature,
                     rng,
                     self.cfg.shards,
-                ),
+                    &self.opts.placement,
+                )?,
                 (_, _, Some(s)) => s.judge_steps(&kept, rng),
                 _ => Vec::new(),
             };
@@ -729,6 +762,7 @@ where
         }
         batch.verdicts = judge::by_trajectory(&batch.judged, &batch.trajs);
         batch.timings.judge_s = t.elapsed().as_secs_f64();
+        Ok(())
     }
 
     /// Phase 5: the policy's advantages and (when the judge learns) the judge's samples.
@@ -752,6 +786,7 @@ where
             pad: self.tok.pad(),
             kernels: self.cfg.kernels,
             shards: self.cfg.shards,
+            placement: self.opts.placement.clone(),
             micro_batch: ppo.micro_batch,
         }
     }
@@ -917,8 +952,12 @@ where
         m.set("compute/judged_steps", c.judged_steps as f64);
     }
 
-    /// Writes one checkpoint of everything the loop needs to continue.
+    /// Writes one checkpoint of everything the loop needs to continue (peer 0 of a spread
+    /// run alone).
     fn save(&self) -> Result<(), CheckpointError> {
+        if !self.dir.writes() {
+            return Ok(());
+        }
         let w = checkpoint::Writer::begin(&self.dir.checkpoints(), self.state.step)?;
         w.trainable("policy", &self.policy)?;
         w.optim::<B, M, Optim<B, M>>("policy_optim", &self.policy_optim)?;
@@ -934,6 +973,21 @@ where
         }
         w.state(&self.state)?;
         w.commit(2)
+    }
+
+    /// A spread run's replicas hold equal trainable weights after the updates (checked by
+    /// checksum on every peer; a difference is an error naming the peer).
+    fn replicas_agree(&self) -> Result<(), TrainError> {
+        let placement = &self.opts.placement;
+        if !placement.is_spread() {
+            return Ok(());
+        }
+        let step = self.state.step + 1;
+        placement.agree(&format!("policy after step {step}"), checksum(&self.policy))?;
+        if let Some(j) = &self.judge {
+            placement.agree(&format!("judge after step {step}"), checksum(j))?;
+        }
+        Ok(())
     }
 
     /// The judge's fixed evaluation pool (empty without a judge). The synthetic judge reads
@@ -977,12 +1031,13 @@ where
                 max_env_steps: b.max_env_steps,
                 on_device: self.cfg.sample_on_device,
                 shards: self.cfg.shards,
+                placement: &self.opts.placement,
             };
             evaluate(&policy, self.env, self.tok, &spec)
         };
-        let id = run_split(Split::Eval);
+        let id = run_split(Split::Eval)?;
         pb.inc(1);
-        let ood = run_split(Split::Ood);
+        let ood = run_split(Split::Ood)?;
         pb.inc(1);
         env_ok(self.env, step)?;
         m.set("eval/acc_id", id.accuracy);
@@ -1008,7 +1063,8 @@ where
                 spec.temperature,
                 &mut rng,
                 self.cfg.shards,
-            );
+                &self.opts.placement,
+            )?;
             self.judge_quality(m, &pool);
             // Verdicts on the two in-domain samples written below.
             judged_id = judge::judge_steps(
@@ -1019,7 +1075,8 @@ where
                 spec.temperature,
                 &mut rng,
                 self.cfg.shards,
-            );
+                &self.opts.placement,
+            )?;
         } else if let Some(s) = &self.synthetic {
             let mut rng = Rng::derive(seed ^ step as u64, "judge-eval");
             let pool = s.judge_labels(self.judge_pool.iter().map(|(_, label)| label), &mut rng);

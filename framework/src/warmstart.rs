@@ -8,8 +8,9 @@ use crate::batch::{host_tensor, sequence_logprobs, token_batch};
 use crate::env::Environment;
 use crate::experiment::WarmStart;
 use crate::lm::{CausalLm, Tokenizer};
-use crate::ppo::NonFinite;
+use crate::placement::Placement;
 use crate::ppo::clip as optim;
+use crate::ppo::{NonFinite, UpdateError};
 use crate::progress;
 use crate::rng::Rng;
 use crate::rollout::replay_demonstration;
@@ -57,7 +58,7 @@ fn demo_tokens(
 }
 
 /// How one supervised fine-tuning runs.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct SftOptions {
     /// AdamW steps.
     pub steps: usize,
@@ -73,6 +74,8 @@ pub struct SftOptions {
     pub kernels: KernelChoice,
     /// Data-parallel shards per batch, each on its own thread (1: one batch, one thread).
     pub shards: usize,
+    /// Which peers compute the shards.
+    pub placement: Placement,
 }
 
 /// Runs `spec.steps` AdamW steps of supervised fine-tuning on fresh demonstrations and returns
@@ -86,7 +89,7 @@ pub fn warm_start<B, M>(
     opts: &SftOptions,
     rng: &mut Rng,
     device: &B::Device,
-) -> Result<(M, f64), NonFinite>
+) -> Result<(M, f64), UpdateError>
 where
     B: AutodiffLogProbOps,
     M: CausalLm<B> + AutodiffModule<B>,
@@ -111,7 +114,7 @@ pub fn supervised<B, M>(
     opts: &SftOptions,
     device: &B::Device,
     mut next_batch: impl FnMut(usize) -> Vec<(Vec<u32>, Vec<bool>)>,
-) -> Result<(M, f64), NonFinite>
+) -> Result<(M, f64), UpdateError>
 where
     B: AutodiffLogProbOps,
     M: CausalLm<B> + AutodiffModule<B>,
@@ -124,6 +127,7 @@ where
         progress: show_progress,
         kernels,
         shards,
+        ref placement,
     } = *opts;
     let pad = tok.pad();
     let mut optim = AdamWConfig::new().with_weight_decay(0.0).init::<B, M>();
@@ -148,12 +152,13 @@ where
             .into_iter()
             .map(|r| &examples[r])
             .collect();
-        let (grads, values) = crate::shard::grads(&model, inputs, |m: &M, rows| {
-            sft_loss(m, rows, n, pad, kernels, device)
-        });
+        let (grads, values) =
+            crate::shard::grads_placed(placement, &model, inputs, |m: &M, rows| {
+                sft_loss(m, rows, n, pad, kernels, device)
+            })?;
         last = values.iter().sum();
         if !last.is_finite() {
-            return Err(NonFinite("supervised loss"));
+            return Err(NonFinite("supervised loss").into());
         }
         (model, _) = optim::apply(model, &mut optim, grads, lr_now, max_grad_norm);
         pb.set_message(format!("loss {last:.3}"));

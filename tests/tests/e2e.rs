@@ -682,6 +682,7 @@ fn resume_options(run: &Path) -> rlany_framework::TrainOptions {
         warm_cache: None,
         checkpoint: None,
         observer: None,
+        placement: Default::default(),
     }
 }
 
@@ -1230,6 +1231,7 @@ fn shards_compute_what_one_batch_does() {
             pad: tok.pad(),
             kernels: KernelChoice::Fused,
             shards,
+            placement: Default::default(),
             micro_batch,
         };
         let (m, stats) = ppo_update(
@@ -1286,6 +1288,7 @@ fn shards_compute_what_one_batch_does() {
             progress: false,
             kernels: KernelChoice::Fused,
             shards,
+            placement: Default::default(),
         };
         let (m, loss) =
             supervised(model.clone(), &tok, &opts, &device, |_| examples.clone()).expect("finite");
@@ -1326,7 +1329,9 @@ fn shards_compute_what_one_batch_does() {
             3,
             &mut Rng::derive(5, "rollout"),
             shards,
+            &Default::default(),
         )
+        .expect("one peer")
     };
     let key = |ts: &[rlany_framework::Trajectory]| {
         ts.iter()
@@ -1347,7 +1352,9 @@ fn shards_compute_what_one_batch_does() {
             1.0,
             &mut Rng::derive(5, "judge"),
             shards,
+            &Default::default(),
         )
+        .expect("one peer")
         .into_iter()
         .map(|j| j.tokens)
         .collect::<Vec<_>>()
@@ -1396,6 +1403,7 @@ fn warm_start_cache_hits_give_the_same_metrics_and_changed_inputs_miss() {
             warm_cache: cache.then(|| runs.join(rlany::WARM_CACHE)),
             checkpoint: None,
             observer: None,
+            placement: Default::default(),
         };
         let summary = rlany::run(&e, 3, &opts).expect("runs");
         (

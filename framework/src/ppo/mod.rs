@@ -9,4 +9,4 @@ pub mod update;
 
 pub use clip::{clip_global_norm, step};
 pub use loss::{KlTerm, PpoLoss, SampledKl, kl_estimate, ppo_loss};
-pub use update::{NonFinite, Sample, Unit, UpdateParams, UpdateStats, ppo_update};
+pub use update::{NonFinite, Sample, Unit, UpdateError, UpdateParams, UpdateStats, ppo_update};

@@ -11,6 +11,7 @@ use crate::batch::{
 };
 use crate::experiment::KlEstimator;
 use crate::lm::CausalLm;
+use crate::placement::{Placement, PlacementError};
 use crate::ppo::loss::{KlTerm, ppo_loss};
 use crate::progress;
 use crate::rng::Rng;
@@ -40,7 +41,7 @@ pub struct Sample {
 }
 
 /// The knobs of one update phase.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct UpdateParams {
     /// Ratio clip ε.
     pub clip: f64,
@@ -60,6 +61,8 @@ pub struct UpdateParams {
     pub kernels: rlany_kernels::KernelChoice,
     /// Data-parallel shards per minibatch, each on its own thread (see [`crate::shard`]).
     pub shards: usize,
+    /// Which peers compute the shards.
+    pub placement: Placement,
     /// Most rows in one forward and backward pass (0: no limit); a minibatch with more is
     /// split into row groups accumulated `shards` at a time.
     pub micro_batch: usize,
@@ -88,6 +91,27 @@ pub struct UpdateStats {
 #[derive(Debug, Clone, PartialEq)]
 pub struct NonFinite(pub &'static str);
 
+/// Why an update phase (PPO or supervised) stopped.
+#[derive(Debug)]
+pub enum UpdateError {
+    /// A quantity went NaN/Inf.
+    NonFinite(NonFinite),
+    /// Exchanging the shards' results between peers failed.
+    Placement(PlacementError),
+}
+
+impl From<NonFinite> for UpdateError {
+    fn from(e: NonFinite) -> Self {
+        Self::NonFinite(e)
+    }
+}
+
+impl From<PlacementError> for UpdateError {
+    fn from(e: PlacementError) -> Self {
+        Self::Placement(e)
+    }
+}
+
 /// Runs one update phase and returns the updated model and its statistics (`None` when no
 /// sample carries a unit). `old` is the model that produced the samples (its log-probs are
 /// the ratio's denominator); `target` is what the KL is measured against (`old` itself for
@@ -104,7 +128,7 @@ pub fn ppo_update<B, M, O>(
     label: &str,
     show_progress: bool,
     device: &B::Device,
-) -> Result<(M, Option<UpdateStats>), NonFinite>
+) -> Result<(M, Option<UpdateStats>), UpdateError>
 where
     B: AutodiffLogProbOps,
     M: CausalLm<B> + AutodiffModule<B>,
@@ -146,8 +170,12 @@ where
             })
             .collect();
         let threads = params.shards;
-        let (grads, parts) =
-            crate::shard::grads_in_waves(&model, inputs, threads, |m: &M, (rows, old, target)| {
+        let (grads, parts) = crate::shard::grads_in_waves(
+            &params.placement,
+            &model,
+            inputs,
+            threads,
+            |m: &M, (rows, old, target)| {
                 let target_ref = target.as_ref().unwrap_or(&old);
                 minibatch_loss(
                     m,
@@ -160,15 +188,16 @@ where
                     first,
                     device,
                 )
-            });
+            },
+        )?;
         if !parts.iter().all(|p| p.loss.is_finite()) {
-            return Err(NonFinite("loss"));
+            return Err(NonFinite("loss").into());
         }
         let norm;
         (model, norm) =
             crate::ppo::clip::apply(model, optim, grads, params.lr, params.max_grad_norm);
         if !norm.is_finite() {
-            return Err(NonFinite("gradient norm"));
+            return Err(NonFinite("gradient norm").into());
         }
         let wsum: f64 = parts.iter().map(|p| p.wsum).sum();
         stats.loss += parts.iter().map(|p| p.loss).sum::<f64>();
@@ -202,6 +231,7 @@ where
 }
 
 /// One minibatch's (or shard's) share of the loss, with its diagnostics.
+#[derive(serde::Serialize, serde::Deserialize)]
 struct Part {
     /// Its loss.
     loss: f64,

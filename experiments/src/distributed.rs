@@ -1,0 +1,417 @@
+//! `rlany run --peers N` and `--nodes N --node-rank R --coordinator HOST:PORT`: one run spread
+//! over several replicas, joined by burn-collective (its all-reduce is the framework's
+//! [`Collective`]). Local peers are threads of this process, each with its own replica (on
+//! CUDA, peer `i` on `cuda:<index + i>`); nodes are processes, on this machine or others,
+//! that meet at the coordinator (burn-collective's global orchestrator, which node 0 starts).
+//!
+//! Placement is a launch choice, never part of the experiment: `shards` fixes the numbers,
+//! and every placement of the same shards gives the same metrics (framework/METHOD.md,
+//! "Placement"). Every exchange has a deadline (`--peer-timeout`): a peer that dies, stalls
+//! or never arrives makes the others stop with an error naming what is known, never hang.
+
+use crate::UsageError;
+use anyhow::Result;
+use rlany_framework::{Placement, RunSummary, TrainOptions};
+use std::path::Path;
+
+/// Where the peers of a run are (`rlany run`'s placement options).
+#[derive(clap::Args, Debug, Clone)]
+pub struct PlacementArgs {
+    /// Peers in this process: replicas on threads of their own (on CUDA, peer i uses
+    /// cuda:<index + i>). The experiment's `shards` must be at least the number of peers.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub peers: u32,
+    /// Processes (nodes) in the run, each with `--peers` peers.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub nodes: u32,
+    /// This node's rank, 0..nodes; node 0 runs the coordinator and writes the run directory.
+    #[arg(long, default_value_t = 0)]
+    pub node_rank: u32,
+    /// HOST:PORT where the nodes meet (node 0 listens on PORT).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub coordinator: Option<String>,
+    /// HOST:PORT at which the other nodes reach this one's tensor service (default
+    /// 127.0.0.1:<coordinator port + 1 + node rank>: right for nodes on one machine).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub node_address: Option<String>,
+    /// Seconds any exchange (or the meeting at the start) may wait for the other peers.
+    #[arg(long, default_value_t = 300, value_name = "SECS")]
+    pub peer_timeout: u64,
+}
+
+impl PlacementArgs {
+    /// Whether these options spread the run over more than one peer.
+    pub fn is_spread(&self) -> bool {
+        self.peers * self.nodes > 1 || self.coordinator.is_some()
+    }
+
+    /// Every inconsistency between the options and with the experiment, as a usage error.
+    fn validate(&self, shards: usize) -> Result<(), UsageError> {
+        let total = (self.peers * self.nodes) as usize;
+        if self.node_rank >= self.nodes {
+            return Err(UsageError(format!(
+                "--node-rank {} is not below --nodes {}",
+                self.node_rank, self.nodes
+            )));
+        }
+        if self.nodes > 1 && self.coordinator.is_none() {
+            return Err(UsageError(
+                "--nodes > 1 needs --coordinator HOST:PORT (where the nodes meet)".into(),
+            ));
+        }
+        if total > shards {
+            return Err(UsageError(format!(
+                "a placement of {total} peers needs the experiment's shards ≥ {total} (it has \
+                 shards: {shards}); add --set shards={total}, and compare it with runs at the \
+                 same shards, since shards change the numbers and placements do not"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Trains every seed with the run spread as `args` say; `opts(seed)` gives the options a run
+/// alone would have. Peer 0 (node 0's first) writes the run directory and prints the summary.
+pub fn run_spread(
+    exp: &crate::Experiment,
+    seeds: &[u64],
+    args: &PlacementArgs,
+    opts: &(dyn Fn(u64) -> TrainOptions + Sync),
+) -> Result<()> {
+    args.validate(exp.shards)?;
+    imp::run_spread(exp, seeds, args, opts)
+}
+
+/// The line a peer that is not the first prints for a finished seed.
+fn follower_line(rank: usize, peers: usize, seed: u64, dir: &Path, s: &RunSummary) -> String {
+    format!(
+        "peer {rank} of {peers}: seed {seed} done at step {} (run directory {}, written by peer 0)",
+        s.last_step,
+        dir.display()
+    )
+}
+
+#[cfg(not(feature = "distributed"))]
+mod imp {
+    use super::*;
+
+    pub fn run_spread(
+        _: &crate::Experiment,
+        _: &[u64],
+        _: &PlacementArgs,
+        _: &(dyn Fn(u64) -> TrainOptions + Sync),
+    ) -> Result<()> {
+        let _ = (follower_line, Placement::default);
+        Err(UsageError(
+            "--peers/--nodes/--coordinator need the distributed build: \
+             cargo build --release --features distributed"
+                .into(),
+        )
+        .into())
+    }
+}
+
+#[cfg(feature = "distributed")]
+mod imp {
+    use super::*;
+    use anyhow::Context;
+    use burn::prelude::*;
+    use burn::tensor::TensorPrimitive;
+    use burn_collective::{CollectiveConfig, PeerId, ReduceOperation};
+    use burn_communication::Address;
+    use rlany_framework::{BackendKind, Collective, PlacementError};
+    use std::str::FromStr;
+    use std::sync::mpsc::{self, RecvTimeoutError};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    /// The backend the exchanges run on: host memory, whatever the run's backend.
+    type Wire = burn::backend::NdArray<f32>;
+
+    /// What the local peers of this process know of each other's failures.
+    #[derive(Default)]
+    struct Board(Mutex<Option<String>>);
+
+    impl Board {
+        fn fail(&self, message: String) {
+            if let Ok(mut b) = self.0.lock()
+                && b.is_none()
+            {
+                *b = Some(message);
+            }
+        }
+        fn failure(&self) -> Option<String> {
+            self.0.lock().ok().and_then(|b| b.clone())
+        }
+    }
+
+    /// One peer's burn-collective endpoint.
+    struct Peer {
+        rank: usize,
+        peers: usize,
+        timeout: Duration,
+        board: Arc<Board>,
+        /// Who the others are, for errors ("node 1", "nodes 1–3 or another peer of this one").
+        others: String,
+        /// Nodes in the run.
+        nodes: u32,
+    }
+
+    /// What a multi-node timeout adds: the known upstream fault that causes it today.
+    const MULTI_NODE_BUG: &str = "; note: burn-collective 0.21's multi-node all-reduce \
+        never finishes its second call (its node sync clears a copy of the list of synced \
+        nodes, global/node/sync.rs), so runs over several nodes stop here until a fixed \
+        release; see README, \"More than one device or machine\"";
+
+    impl Peer {
+        /// Waits for `rx` until the deadline, stopping early when another local peer failed.
+        /// `during` says what was under way ("the exchange of gradients"); `exchange`: it was
+        /// an all-reduce (not the meeting at the start).
+        fn wait<T>(
+            &self,
+            rx: mpsc::Receiver<Result<T, String>>,
+            during: &str,
+            exchange: bool,
+        ) -> Result<T, PlacementError> {
+            let deadline = Instant::now() + self.timeout;
+            loop {
+                match rx.recv_timeout(Duration::from_millis(100)) {
+                    Ok(Ok(v)) => return Ok(v),
+                    Ok(Err(e)) => {
+                        return Err(PlacementError::Collective(format!(
+                            "peer {} of {}: {during} failed: {e}",
+                            self.rank, self.peers
+                        )));
+                    }
+                    Err(RecvTimeoutError::Disconnected) => {
+                        return Err(PlacementError::Collective(format!(
+                            "peer {} of {}: burn-collective stopped during {during} (see the \
+                             message above)",
+                            self.rank, self.peers
+                        )));
+                    }
+                    Err(RecvTimeoutError::Timeout) => {
+                        if let Some(f) = self.board.failure() {
+                            return Err(PlacementError::Collective(format!(
+                                "peer {} of {}: stopped because {f}",
+                                self.rank, self.peers
+                            )));
+                        }
+                        if Instant::now() >= deadline {
+                            return Err(PlacementError::Collective(format!(
+                                "peer {} of {}: no answer within {} s during {during}: {} died, \
+                                 stalled or never arrived (--peer-timeout){}",
+                                self.rank,
+                                self.peers,
+                                self.timeout.as_secs(),
+                                self.others,
+                                if exchange && self.nodes > 1 {
+                                    MULTI_NODE_BUG
+                                } else {
+                                    ""
+                                }
+                            )));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    impl Collective for Peer {
+        fn peers(&self) -> usize {
+            self.peers
+        }
+        fn rank(&self) -> usize {
+            self.rank
+        }
+        fn all_reduce_sum(&self, values: Vec<f32>, what: &str) -> Result<Vec<f32>, PlacementError> {
+            let (tx, rx) = mpsc::channel();
+            let id = PeerId::from(self.rank);
+            // On its own thread, so that a collective that never returns cannot hang us.
+            std::thread::spawn(move || {
+                let n = values.len();
+                let t =
+                    Tensor::<Wire, 1>::from_data(TensorData::new(values, [n]), &Default::default());
+                let out = burn_collective::all_reduce::<Wire>(
+                    id,
+                    t.into_primitive().tensor(),
+                    ReduceOperation::Sum,
+                )
+                .map_err(|e| format!("{e:?}"))
+                .and_then(|p| {
+                    Tensor::<Wire, 1>::from_primitive(TensorPrimitive::Float(p))
+                        .into_data()
+                        .to_vec::<f32>()
+                        .map_err(|e| format!("{e:?}"))
+                });
+                let _ = tx.send(out);
+            });
+            self.wait(rx, &format!("the exchange of {what}"), true)
+        }
+    }
+
+    /// `host:port` → the port; a usage error naming the option otherwise.
+    fn port_of(addr: &str, option: &str) -> Result<u16, UsageError> {
+        addr.rsplit_once(':')
+            .and_then(|(_, p)| p.parse().ok())
+            .ok_or_else(|| UsageError(format!("{option} {addr}: expected HOST:PORT")))
+    }
+
+    fn ws(addr: &str) -> Result<Address, UsageError> {
+        let url = if addr.starts_with("ws://") {
+            addr.to_string()
+        } else {
+            format!("ws://{addr}")
+        };
+        Address::from_str(&url).map_err(|e| UsageError(format!("{addr}: {e}")))
+    }
+
+    /// The burn-collective configuration every local peer of this node registers with.
+    fn config(args: &PlacementArgs) -> Result<CollectiveConfig, UsageError> {
+        let mut c = CollectiveConfig::default().with_num_devices(args.peers as usize);
+        if let Some(coord) = &args.coordinator {
+            let port = port_of(coord, "--coordinator")?;
+            let node = match &args.node_address {
+                Some(a) => a.clone(),
+                None => {
+                    let p = u32::from(port) + 1 + args.node_rank;
+                    let p = u16::try_from(p).map_err(|_| {
+                        UsageError(format!("no default --node-address above port {port}"))
+                    })?;
+                    format!("127.0.0.1:{p}")
+                }
+            };
+            c = c
+                .with_num_nodes(args.nodes)
+                .with_global_address(ws(coord)?)
+                .with_node_address(ws(&node)?)
+                .with_data_service_port(port_of(&node, "--node-address")?);
+        }
+        Ok(c)
+    }
+
+    /// burn-collective's orchestrator on `port`, on a thread of its own for the process's life.
+    fn start_coordinator(port: u16) -> Result<()> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .context("starting the coordinator's runtime")?;
+        std::thread::spawn(move || rt.block_on(burn_collective::start_global_orchestrator(port)));
+        Ok(())
+    }
+
+    pub fn run_spread(
+        exp: &crate::Experiment,
+        seeds: &[u64],
+        args: &PlacementArgs,
+        opts: &(dyn Fn(u64) -> TrainOptions + Sync),
+    ) -> Result<()> {
+        let local = args.peers as usize;
+        let peers = local * args.nodes as usize;
+        let config = config(args)?;
+        if let (Some(coord), 0) = (&args.coordinator, args.node_rank) {
+            start_coordinator(port_of(coord, "--coordinator")?)?;
+        }
+        let board = Arc::new(Board::default());
+        let timeout = Duration::from_secs(args.peer_timeout);
+        let others = match args.nodes {
+            1 => "another peer of this process".to_string(),
+            2 => format!("node {} (or a peer of this node)", 1 - args.node_rank),
+            n => format!("one of the other {} nodes (or a peer of this node)", n - 1),
+        };
+        let results: Vec<Result<()>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..local)
+                .map(|i| {
+                    let rank = args.node_rank as usize * local + i;
+                    let peer = Peer {
+                        rank,
+                        peers,
+                        timeout,
+                        board: board.clone(),
+                        others: others.clone(),
+                        nodes: args.nodes,
+                    };
+                    let config = config.clone();
+                    let board = &board;
+                    s.spawn(move || {
+                        let r = peer_main(
+                            exp,
+                            seeds,
+                            opts,
+                            peer,
+                            i,
+                            config,
+                            args.coordinator.as_deref(),
+                        );
+                        if let Err(e) = &r {
+                            board.fail(format!("peer {rank} failed: {e:#}"));
+                        }
+                        r
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a peer thread panicked")))
+                })
+                .collect()
+        });
+        // The first failure is the cause; the others' errors only report it.
+        results.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
+    }
+
+    /// One peer: registers, then trains every seed on its replica.
+    fn peer_main(
+        exp: &crate::Experiment,
+        seeds: &[u64],
+        opts: &(dyn Fn(u64) -> TrainOptions + Sync),
+        peer: Peer,
+        local_index: usize,
+        config: CollectiveConfig,
+        coordinator: Option<&str>,
+    ) -> Result<()> {
+        let (rank, peers) = (peer.rank, peer.peers);
+        let meeting = match coordinator {
+            Some(c) => format!("the registration with the coordinator {c}"),
+            None => "the registration of this process's peers".to_string(),
+        };
+        let (tx, rx) = mpsc::channel();
+        let id = PeerId::from(rank);
+        std::thread::spawn(move || {
+            let r = burn_collective::register::<Wire>(id, Default::default(), config)
+                .map_err(|e| format!("{e:?}"));
+            let _ = tx.send(r);
+        });
+        peer.wait(rx, &meeting, false)?;
+        let mut exp = exp.clone();
+        if let BackendKind::Cuda(index) = exp.backend {
+            exp.backend = BackendKind::Cuda(index + local_index);
+        }
+        let placement = Placement::over(Arc::new(peer));
+        for &seed in seeds {
+            let mut o = opts(seed);
+            o.placement = placement.clone();
+            o.progress &= rank == 0;
+            o.log_lines &= rank == 0;
+            let started = Instant::now();
+            let summary = crate::run(&exp, seed, &o)
+                .with_context(|| format!("run {} (peer {rank} of {peers})", o.run_dir.display()))?;
+            if rank == 0 {
+                crate::print_summary(
+                    &exp,
+                    seed,
+                    &o.run_dir,
+                    &summary,
+                    started.elapsed().as_secs_f64(),
+                );
+            } else {
+                eprintln!("{}", follower_line(rank, peers, seed, &o.run_dir, &summary));
+            }
+        }
+        Ok(())
+    }
+}
