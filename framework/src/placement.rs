@@ -18,6 +18,7 @@
 
 use std::ops::Range;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::prelude::*;
@@ -74,7 +75,27 @@ pub trait Collective: Send + Sync {
 
 /// Where this replica's shards are computed: alone (the default), or as one peer of several.
 #[derive(Clone, Default)]
-pub struct Placement(Option<Arc<dyn Collective>>);
+pub struct Placement(Option<Arc<dyn Collective>>, Arc<Traffic>);
+
+/// What this peer's exchanges cost so far: all-reduce calls, the bytes each call carried
+/// (this peer's input), and the seconds spent in them (waiting for slower peers included).
+#[derive(Debug, Default)]
+struct Traffic {
+    calls: AtomicU64,
+    bytes: AtomicU64,
+    nanos: AtomicU64,
+}
+
+/// A snapshot of a placement's traffic ([`Placement::traffic`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TrafficTotals {
+    /// All-reduce calls.
+    pub calls: u64,
+    /// Bytes this peer passed in to them.
+    pub bytes: u64,
+    /// Seconds spent in them.
+    pub seconds: f64,
+}
 
 impl std::fmt::Debug for Placement {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -94,7 +115,35 @@ pub fn share(n: usize, peers: usize, rank: usize) -> Range<usize> {
 impl Placement {
     /// One peer of the run that `collective` connects.
     pub fn over(collective: Arc<dyn Collective>) -> Self {
-        Self(Some(collective))
+        Self(Some(collective), Arc::default())
+    }
+
+    /// The traffic of this peer's exchanges since the placement was made.
+    pub fn traffic(&self) -> TrafficTotals {
+        let t = &self.1;
+        TrafficTotals {
+            calls: t.calls.load(Ordering::Relaxed),
+            bytes: t.bytes.load(Ordering::Relaxed),
+            seconds: t.nanos.load(Ordering::Relaxed) as f64 * 1e-9,
+        }
+    }
+
+    /// One all-reduce, counted in [`Self::traffic`].
+    fn all_reduce(
+        &self,
+        c: &Arc<dyn Collective>,
+        values: Vec<f32>,
+        what: &str,
+    ) -> Result<Vec<f32>, PlacementError> {
+        let (t, bytes) = (std::time::Instant::now(), 4 * values.len() as u64);
+        let out = c.all_reduce_sum(values, what);
+        let traffic = &self.1;
+        traffic.calls.fetch_add(1, Ordering::Relaxed);
+        traffic.bytes.fetch_add(bytes, Ordering::Relaxed);
+        traffic
+            .nanos
+            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        out
     }
 
     /// Peers in the run (1 alone).
@@ -133,15 +182,18 @@ impl Placement {
         let mut lens = vec![0.0f32; 2 * peers];
         lens[2 * rank] = (mine.len() >> 16) as f32;
         lens[2 * rank + 1] = (mine.len() & 0xffff) as f32;
-        let lens = c.all_reduce_sum(lens, what)?;
+        let lens = self.all_reduce(c, lens, what)?;
         let lens: Vec<usize> = lens
             .chunks(2)
             .map(|h| ((h[0] as usize) << 16) | h[1] as usize)
             .collect();
         let width = lens.iter().copied().max().unwrap_or(0);
+        if width == 0 {
+            return Ok(vec![Vec::new(); peers]);
+        }
         let mut slots = vec![0.0f32; peers * width];
         slots[rank * width..rank * width + mine.len()].copy_from_slice(&mine);
-        let slots = c.all_reduce_sum(slots, what)?;
+        let slots = self.all_reduce(c, slots, what)?;
         Ok(lens
             .iter()
             .enumerate()

@@ -922,6 +922,7 @@ where
             batch.timings.eval_s = t.elapsed().as_secs_f64();
         }
         set_perf(&mut m, batch, t0);
+        self.set_exchange(&mut m);
         self.dir.log(&m)?;
         self.state.step = step;
         self.summary.last_step = step;
@@ -950,6 +951,18 @@ where
         m.set("compute/policy_steps", c.policy_steps as f64);
         m.set("compute/judge_steps", c.judge_steps as f64);
         m.set("compute/judged_steps", c.judged_steps as f64);
+    }
+
+    /// A spread run's exchanges so far (`perf/exchange_*`: all-reduce calls, MB this peer
+    /// passed in, seconds spent in them), cumulative like the `compute/*` metrics.
+    fn set_exchange(&self, m: &mut Metrics) {
+        let p = &self.opts.placement;
+        if p.is_spread() {
+            let t = p.traffic();
+            m.set("perf/exchange_calls", t.calls as f64);
+            m.set("perf/exchange_mb", t.bytes as f64 / 1e6);
+            m.set("perf/exchange_s", t.seconds);
+        }
     }
 
     /// Writes one checkpoint of everything the loop needs to continue (peer 0 of a spread
