@@ -11,8 +11,7 @@
 
 use crate::UsageError;
 use anyhow::Result;
-use rlany_framework::{Placement, RunSummary, TrainOptions};
-use std::path::Path;
+use rlany_framework::TrainOptions;
 
 /// Where the peers of a run are (`rlany run`'s placement options).
 #[derive(clap::Args, Debug, Clone)]
@@ -82,15 +81,6 @@ pub fn run_spread(
     imp::run_spread(exp, seeds, args, opts)
 }
 
-/// The line a peer that is not the first prints for a finished seed.
-fn follower_line(rank: usize, peers: usize, seed: u64, dir: &Path, s: &RunSummary) -> String {
-    format!(
-        "peer {rank} of {peers}: seed {seed} done at step {} (run directory {}, written by peer 0)",
-        s.last_step,
-        dir.display()
-    )
-}
-
 #[cfg(not(feature = "distributed"))]
 mod imp {
     use super::*;
@@ -101,7 +91,6 @@ mod imp {
         _: &PlacementArgs,
         _: &(dyn Fn(u64) -> TrainOptions + Sync),
     ) -> Result<()> {
-        let _ = (follower_line, Placement::default);
         Err(UsageError(
             "--peers/--nodes/--coordinator need the distributed build: \
              cargo build --release --features distributed"
@@ -119,7 +108,8 @@ mod imp {
     use burn::tensor::TensorPrimitive;
     use burn_collective::{CollectiveConfig, PeerId, ReduceOperation};
     use burn_communication::Address;
-    use rlany_framework::{BackendKind, Collective, PlacementError};
+    use rlany_framework::{BackendKind, Collective, Placement, PlacementError, RunSummary};
+    use std::path::Path;
     use std::str::FromStr;
     use std::sync::mpsc::{self, RecvTimeoutError};
     use std::sync::{Arc, Mutex};
@@ -362,6 +352,16 @@ mod imp {
         });
         // The first failure is the cause; the others' errors only report it.
         results.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
+    }
+
+    /// The line a peer that is not the first prints for a finished seed.
+    fn follower_line(rank: usize, peers: usize, seed: u64, dir: &Path, s: &RunSummary) -> String {
+        format!(
+            "peer {rank} of {peers}: seed {seed} done at step {} (run directory {}, written by \
+             peer 0)",
+            s.last_step,
+            dir.display()
+        )
     }
 
     /// One peer: registers, then trains every seed on its replica.
