@@ -26,6 +26,20 @@ pub(crate) struct BenchArgs {
     /// Run the model workloads (R_ rollout and T_ PPO step of kernels/BENCH.md, C_tiny_T).
     #[arg(long)]
     models: bool,
+    /// The exchange of a spread run (`--features distributed`): exact gathers and plain
+    /// all-reduces of gradient-sized buffers between local peers (reports/perf/NOTES.md §10).
+    #[arg(long)]
+    exchange: bool,
+    /// With --exchange: local peers.
+    #[arg(long, default_value_t = 2)]
+    peers: usize,
+    /// With --exchange: buffer sizes in millions of f32 values (default: the quickstart
+    /// policy's gradients, SmolLM2's all-linear r=8 adapters, SmolLM2 whole, the 0.5B shape).
+    #[arg(long, value_delimiter = ',', default_values_t = [0.104f64, 2.442, 134.5, 494.0])]
+    sizes_m: Vec<f64>,
+    /// With --exchange: skip an exchange whose buffer on one peer would pass this many GiB.
+    #[arg(long, default_value_t = 2.5)]
+    max_buffer_gib: f64,
     /// With --models: the reduced CPU sizes (rows named `…@quick`), about a minute on a CPU.
     #[arg(long)]
     quick: bool,
@@ -75,9 +89,18 @@ struct Row {
 }
 
 pub(crate) fn run(args: BenchArgs) -> Result<()> {
+    if args.exchange {
+        return crate::distributed::bench_exchange(&crate::distributed::ExchangeBench {
+            peers: args.peers,
+            sizes: args.sizes_m.iter().map(|m| (m * 1e6) as usize).collect(),
+            reps: args.reps,
+            max_buffer_bytes: (args.max_buffer_gib * (1u64 << 30) as f64) as usize,
+            json: args.json.clone(),
+        });
+    }
     if !args.kernels && !args.models {
         bail!(super::UsageError(
-            "rlany bench: pass --kernels, --models or both".into()
+            "rlany bench: pass --kernels, --models, --exchange or a combination".into()
         ));
     }
     if args.models && args.dtype.len() > 1 {

@@ -81,9 +81,43 @@ pub fn run_spread(
     imp::run_spread(exp, seeds, args, opts)
 }
 
+/// What `rlany bench --exchange` measures.
+#[derive(Debug, Clone)]
+pub struct ExchangeBench {
+    /// Local peers.
+    pub peers: usize,
+    /// Buffer sizes, in f32 values.
+    pub sizes: Vec<usize>,
+    /// Timed repetitions (the median is reported).
+    pub reps: usize,
+    /// An exchange whose buffer on one peer passes this many bytes is skipped.
+    pub max_buffer_bytes: usize,
+    /// Also write the results as JSON here.
+    pub json: Option<std::path::PathBuf>,
+}
+
+/// `rlany bench --exchange`: for each size, the median time of a plain all-reduce of that
+/// many values and of the exact gather a spread run uses (each peer's values in its own slot),
+/// between local peers of this process; printed as a table (and written as JSON).
+pub fn bench_exchange(b: &ExchangeBench) -> Result<()> {
+    if b.peers < 2 {
+        return Err(UsageError("rlany bench --exchange: --peers must be at least 2".into()).into());
+    }
+    imp::bench_exchange(b)
+}
+
 #[cfg(not(feature = "distributed"))]
 mod imp {
     use super::*;
+
+    pub fn bench_exchange(_: &ExchangeBench) -> Result<()> {
+        Err(UsageError(
+            "rlany bench --exchange needs the distributed build: \
+             cargo build --release --features distributed"
+                .into(),
+        )
+        .into())
+    }
 
     pub fn run_spread(
         _: &crate::Experiment,
@@ -230,7 +264,11 @@ mod imp {
                 )
                 .map_err(|e| format!("{e:?}"))
                 .and_then(|p| {
+                    // The sum is shared with the other local peers: burn-ndarray would read a
+                    // shared array element by element (≈ 85 ns each, measured); `× 1` makes an
+                    // owned copy at memory speed, bit for bit.
                     Tensor::<Wire, 1>::from_primitive(TensorPrimitive::Float(p))
+                        .mul_scalar(1.0)
                         .into_data()
                         .to_vec::<f32>()
                         .map_err(|e| format!("{e:?}"))
@@ -354,6 +392,123 @@ mod imp {
         results.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
     }
 
+    /// Registers `peer` with burn-collective (with its deadline).
+    fn register(
+        peer: &Peer,
+        config: CollectiveConfig,
+        meeting: &str,
+    ) -> Result<(), PlacementError> {
+        let (tx, rx) = mpsc::channel();
+        let id = PeerId::from(peer.rank);
+        std::thread::spawn(move || {
+            let r = burn_collective::register::<Wire>(id, Default::default(), config)
+                .map_err(|e| format!("{e:?}"));
+            let _ = tx.send(r);
+        });
+        peer.wait(rx, meeting, false)
+    }
+
+    /// One measured exchange: (label, values, buffer bytes per peer, median ms or why not).
+    type ExchangeRow = (String, usize, usize, Result<f64, String>);
+
+    pub fn bench_exchange(b: &ExchangeBench) -> Result<()> {
+        let config = CollectiveConfig::default().with_num_devices(b.peers);
+        let board = Arc::new(Board::default());
+        let per_peer: Vec<Result<Vec<ExchangeRow>>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..b.peers)
+                .map(|rank| {
+                    let peer = Arc::new(Peer {
+                        rank,
+                        peers: b.peers,
+                        timeout: Duration::from_secs(600),
+                        board: board.clone(),
+                        others: "another peer of this process".into(),
+                        nodes: 1,
+                    });
+                    let config = config.clone();
+                    s.spawn(move || -> Result<Vec<ExchangeRow>> {
+                        register(&peer, config, "the registration of the bench's peers")?;
+                        let placement = Placement::over(peer.clone());
+                        let median = |mut ms: Vec<f64>| {
+                            ms.sort_by(f64::total_cmp);
+                            ms[ms.len() / 2]
+                        };
+                        let mut rows = Vec::new();
+                        for &n in &b.sizes {
+                            let gather_bytes = 4 * n * b.peers;
+                            for (label, buffer) in
+                                [("all-reduce", 4 * n), ("exact gather", gather_bytes)]
+                            {
+                                if buffer > b.max_buffer_bytes {
+                                    let why = format!(
+                                        "skipped: {:.2} GiB buffer per peer (--max-buffer-gib)",
+                                        buffer as f64 / (1u64 << 30) as f64
+                                    );
+                                    rows.push((label.to_string(), n, buffer, Err(why)));
+                                    continue;
+                                }
+                                let mut ms = Vec::with_capacity(b.reps);
+                                for rep in 0..b.reps.max(1) + 1 {
+                                    let values = vec![rank as f32 + 0.5; n];
+                                    let t = Instant::now();
+                                    if label == "all-reduce" {
+                                        peer.all_reduce_sum(values, "bench")?;
+                                    } else {
+                                        placement.gather_rows(values, "bench")?;
+                                    }
+                                    // The first is a warm-up.
+                                    if rep > 0 {
+                                        ms.push(t.elapsed().as_secs_f64() * 1e3);
+                                    }
+                                }
+                                rows.push((label.to_string(), n, buffer, Ok(median(ms))));
+                            }
+                        }
+                        Ok(rows)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a bench peer panicked")))
+                })
+                .collect()
+        });
+        let mut all = per_peer.into_iter().collect::<Result<Vec<_>>>()?;
+        let rows = all.swap_remove(0);
+        println!(
+            "| exchange ({} local peers, NdArray, host memory) | values | buffer per peer | median ms | GB/s of buffer |",
+            b.peers
+        );
+        println!("|---|---:|---:|---:|---:|");
+        let mut json = Vec::new();
+        for (label, n, buffer, ms) in &rows {
+            let (ms_s, gbs) = match ms {
+                Ok(ms) => (
+                    format!("{ms:.1}"),
+                    format!("{:.2}", *buffer as f64 / ms / 1e6),
+                ),
+                Err(why) => (why.clone(), "-".into()),
+            };
+            println!(
+                "| {label} | {:.3} M | {:.1} MB | {ms_s} | {gbs} |",
+                *n as f64 / 1e6,
+                *buffer as f64 / 1e6
+            );
+            json.push(serde_json::json!({
+                "exchange": label, "values": n, "buffer_bytes": buffer, "peers": b.peers,
+                "median_ms": ms.as_ref().ok(), "skipped": ms.as_ref().err(),
+            }));
+        }
+        if let Some(path) = &b.json {
+            let text = serde_json::to_string_pretty(&serde_json::json!({ "exchange": json }))?;
+            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        }
+        Ok(())
+    }
+
     /// The line a peer that is not the first prints for a finished seed.
     fn follower_line(rank: usize, peers: usize, seed: u64, dir: &Path, s: &RunSummary) -> String {
         format!(
@@ -379,14 +534,7 @@ mod imp {
             Some(c) => format!("the registration with the coordinator {c}"),
             None => "the registration of this process's peers".to_string(),
         };
-        let (tx, rx) = mpsc::channel();
-        let id = PeerId::from(rank);
-        std::thread::spawn(move || {
-            let r = burn_collective::register::<Wire>(id, Default::default(), config)
-                .map_err(|e| format!("{e:?}"));
-            let _ = tx.send(r);
-        });
-        peer.wait(rx, &meeting, false)?;
+        register(&peer, config, &meeting)?;
         let mut exp = exp.clone();
         if let BackendKind::Cuda(index) = exp.backend {
             exp.backend = BackendKind::Cuda(index + local_index);

@@ -379,3 +379,43 @@ fn a_placement_wider_than_the_shards_is_refused() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `rlany bench --exchange` times both exchanges of a spread run and writes them as JSON.
+#[cfg(feature = "distributed")]
+#[test]
+fn the_exchange_bench_times_both_exchanges() {
+    let dir = scratch("exchange-bench");
+    let json = dir.join("exchange.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_rlany"))
+        .args([
+            "bench",
+            "--exchange",
+            "--sizes-m",
+            "0.01",
+            "--reps",
+            "1",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .expect("rlany runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("| exact gather | 0.010 M | 0.1 MB |"),
+        "{stdout}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("valid JSON");
+    let rows = v["exchange"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2);
+    assert!(
+        rows.iter()
+            .all(|r| r["median_ms"].as_f64().is_some_and(|ms| ms > 0.0))
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
