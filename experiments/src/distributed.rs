@@ -154,10 +154,10 @@ mod imp {
 
     /// What the local peers of this process know of each other's failures.
     #[derive(Default)]
-    struct Board(Mutex<Option<String>>);
+    pub(super) struct Board(Mutex<Option<String>>);
 
     impl Board {
-        fn fail(&self, message: String) {
+        pub(super) fn fail(&self, message: String) {
             if let Ok(mut b) = self.0.lock()
                 && b.is_none()
             {
@@ -170,7 +170,7 @@ mod imp {
     }
 
     /// One peer's burn-collective endpoint.
-    struct Peer {
+    pub(super) struct Peer {
         rank: usize,
         peers: usize,
         timeout: Duration,
@@ -509,6 +509,41 @@ mod imp {
         Ok(())
     }
 
+    #[cfg(test)]
+    pub(super) mod tests_support {
+        use super::*;
+
+        /// Peer 0 of 2 in one process with deadline `timeout`, and its board.
+        pub fn peer(timeout: Duration) -> (Peer, Arc<Board>) {
+            let board = Arc::new(Board::default());
+            let p = Peer {
+                rank: 0,
+                peers: 2,
+                timeout,
+                board: board.clone(),
+                others: "another peer of this process".into(),
+                nodes: 1,
+            };
+            (p, board)
+        }
+
+        /// A channel nobody answers on (its sender kept alive).
+        pub fn silent() -> mpsc::Receiver<Result<(), String>> {
+            let (tx, rx) = mpsc::channel();
+            std::mem::forget(tx);
+            rx
+        }
+
+        impl Peer {
+            pub fn wait_for_test(
+                &self,
+                rx: mpsc::Receiver<Result<(), String>>,
+            ) -> Result<(), PlacementError> {
+                self.wait(rx, "the exchange of test values", true)
+            }
+        }
+    }
+
     /// The line a peer that is not the first prints for a finished seed.
     fn follower_line(rank: usize, peers: usize, seed: u64, dir: &Path, s: &RunSummary) -> String {
         format!(
@@ -561,5 +596,42 @@ mod imp {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(all(test, feature = "distributed"))]
+mod tests {
+    use super::imp::tests_support::{peer, silent};
+    use std::time::{Duration, Instant};
+
+    /// A local peer that failed stops its siblings at their next wait, at once and naming it;
+    /// a silent exchange ends at the deadline, naming who is missing.
+    #[test]
+    fn a_wait_ends_on_a_sibling_failure_or_at_the_deadline() {
+        let (p, board) = peer(Duration::from_secs(30));
+        board.fail("peer 1 failed: the environment crashed".into());
+        let t = Instant::now();
+        let err = p
+            .wait_for_test(silent())
+            .expect_err("a failure")
+            .to_string();
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        assert!(
+            err.contains("peer 0 of 2: stopped because peer 1 failed"),
+            "{err}"
+        );
+
+        let (p, _) = peer(Duration::from_millis(300));
+        let t = Instant::now();
+        let err = p
+            .wait_for_test(silent())
+            .expect_err("a timeout")
+            .to_string();
+        assert!(t.elapsed() >= Duration::from_millis(300));
+        assert!(
+            err.contains("no answer within 0 s during the exchange of test values"),
+            "{err}"
+        );
+        assert!(err.contains("another peer of this process"), "{err}");
     }
 }
