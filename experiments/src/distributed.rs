@@ -509,41 +509,6 @@ mod imp {
         Ok(())
     }
 
-    #[cfg(test)]
-    pub(super) mod tests_support {
-        use super::*;
-
-        /// Peer 0 of 2 in one process with deadline `timeout`, and its board.
-        pub fn peer(timeout: Duration) -> (Peer, Arc<Board>) {
-            let board = Arc::new(Board::default());
-            let p = Peer {
-                rank: 0,
-                peers: 2,
-                timeout,
-                board: board.clone(),
-                others: "another peer of this process".into(),
-                nodes: 1,
-            };
-            (p, board)
-        }
-
-        /// A channel nobody answers on (its sender kept alive).
-        pub fn silent() -> mpsc::Receiver<Result<(), String>> {
-            let (tx, rx) = mpsc::channel();
-            std::mem::forget(tx);
-            rx
-        }
-
-        impl Peer {
-            pub fn wait_for_test(
-                &self,
-                rx: mpsc::Receiver<Result<(), String>>,
-            ) -> Result<(), PlacementError> {
-                self.wait(rx, "the exchange of test values", true)
-            }
-        }
-    }
-
     /// The line a peer that is not the first prints for a finished seed.
     fn follower_line(rank: usize, peers: usize, seed: u64, dir: &Path, s: &RunSummary) -> String {
         format!(
@@ -596,6 +561,41 @@ mod imp {
             }
         }
         Ok(())
+    }
+
+    #[cfg(test)]
+    pub(super) mod tests_support {
+        use super::*;
+
+        /// Peer 0 of 2 in one process with deadline `timeout`, and its board.
+        pub fn peer(timeout: Duration) -> (Peer, Arc<Board>) {
+            let board = Arc::new(Board::default());
+            let p = Peer {
+                rank: 0,
+                peers: 2,
+                timeout,
+                board: board.clone(),
+                others: "another peer of this process".into(),
+                nodes: 1,
+            };
+            (p, board)
+        }
+
+        /// A channel nobody answers on (its sender kept alive).
+        pub fn silent() -> mpsc::Receiver<Result<(), String>> {
+            let (tx, rx) = mpsc::channel();
+            std::mem::forget(tx);
+            rx
+        }
+
+        impl Peer {
+            pub fn wait_for_test(
+                &self,
+                rx: mpsc::Receiver<Result<(), String>>,
+            ) -> Result<(), PlacementError> {
+                self.wait(rx, "the exchange of test values", true)
+            }
+        }
     }
 }
 

@@ -369,7 +369,7 @@ where
             waves = vec![sum.total];
         }
     }
-    let total = waves.pop().unwrap_or_else(GradientsParams::new);
+    let total = waves.pop().unwrap_or_default();
     Ok((total, extras))
 }
 
