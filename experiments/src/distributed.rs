@@ -17,9 +17,14 @@ use rlany_framework::TrainOptions;
 #[derive(clap::Args, Debug, Clone)]
 pub struct PlacementArgs {
     /// Peers in this process: replicas on threads of their own (on CUDA, peer i uses
-    /// cuda:<index + i>). The experiment's `shards` must be at least the number of peers.
+    /// cuda:<index + i> unless --devices says otherwise). The experiment's `shards` must be
+    /// at least the number of peers.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub peers: u32,
+    /// The backend and device of each local peer, in order (e.g. cuda:0,cuda:0 for two peers
+    /// on one GPU); as many as --peers.
+    #[arg(long, value_delimiter = ',', value_name = "BACKEND,...")]
+    pub devices: Vec<String>,
     /// Processes (nodes) in the run, each with `--peers` peers.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub nodes: u32,
@@ -41,7 +46,7 @@ pub struct PlacementArgs {
 impl PlacementArgs {
     /// Whether these options spread the run over more than one peer.
     pub fn is_spread(&self) -> bool {
-        self.peers * self.nodes > 1 || self.coordinator.is_some()
+        self.peers * self.nodes > 1 || self.coordinator.is_some() || !self.devices.is_empty()
     }
 
     /// Every inconsistency between the options and with the experiment, as a usage error.
@@ -51,6 +56,13 @@ impl PlacementArgs {
             return Err(UsageError(format!(
                 "--node-rank {} is not below --nodes {}",
                 self.node_rank, self.nodes
+            )));
+        }
+        if !self.devices.is_empty() && self.devices.len() != self.peers as usize {
+            return Err(UsageError(format!(
+                "--devices names {} devices for --peers {}: give one per peer",
+                self.devices.len(),
+                self.peers
             )));
         }
         if self.nodes > 1 && self.coordinator.is_none() {
@@ -78,7 +90,20 @@ pub fn run_spread(
     opts: &(dyn Fn(u64) -> TrainOptions + Sync),
 ) -> Result<()> {
     args.validate(exp.shards)?;
-    imp::run_spread(exp, seeds, args, opts)
+    let devices = args
+        .devices
+        .iter()
+        .map(|d| crate::parse_backend(d))
+        .collect::<Result<Vec<_>>>()?;
+    if args.nodes > 1 {
+        eprintln!(
+            "warning: burn-collective 0.21's multi-node all-reduce never finishes its second \
+             call (an upstream bug, README \"More than one device or machine\"): this run will \
+             stop with an error after --peer-timeout ({} s)",
+            args.peer_timeout
+        );
+    }
+    imp::run_spread(exp, seeds, args, &devices, opts)
 }
 
 /// What `rlany bench --exchange` measures.
@@ -123,6 +148,7 @@ mod imp {
         _: &crate::Experiment,
         _: &[u64],
         _: &PlacementArgs,
+        _: &[rlany_framework::BackendKind],
         _: &(dyn Fn(u64) -> TrainOptions + Sync),
     ) -> Result<()> {
         Err(UsageError(
@@ -334,6 +360,7 @@ mod imp {
         exp: &crate::Experiment,
         seeds: &[u64],
         args: &PlacementArgs,
+        devices: &[BackendKind],
         opts: &(dyn Fn(u64) -> TrainOptions + Sync),
     ) -> Result<()> {
         let local = args.peers as usize;
@@ -363,13 +390,17 @@ mod imp {
                     };
                     let config = config.clone();
                     let board = &board;
+                    let backend = devices.get(i).copied().unwrap_or(match exp.backend {
+                        BackendKind::Cuda(index) => BackendKind::Cuda(index + i),
+                        other => other,
+                    });
                     s.spawn(move || {
                         let r = peer_main(
                             exp,
                             seeds,
                             opts,
                             peer,
-                            i,
+                            backend,
                             config,
                             args.coordinator.as_deref(),
                         );
@@ -525,7 +556,7 @@ mod imp {
         seeds: &[u64],
         opts: &(dyn Fn(u64) -> TrainOptions + Sync),
         peer: Peer,
-        local_index: usize,
+        backend: BackendKind,
         config: CollectiveConfig,
         coordinator: Option<&str>,
     ) -> Result<()> {
@@ -536,9 +567,7 @@ mod imp {
         };
         register(&peer, config, &meeting)?;
         let mut exp = exp.clone();
-        if let BackendKind::Cuda(index) = exp.backend {
-            exp.backend = BackendKind::Cuda(index + local_index);
-        }
+        exp.backend = backend;
         let placement = Placement::over(Arc::new(peer));
         for &seed in seeds {
             let mut o = opts(seed);

@@ -286,7 +286,17 @@ fn two_local_peers_write_the_one_process_metrics_and_resume_across_placements() 
     );
 
     let peers = dir.join("peers");
-    let err = run_in(&peers, &["--peers", "2", "--peer-timeout", "60"]);
+    let err = run_in(
+        &peers,
+        &[
+            "--peers",
+            "2",
+            "--devices",
+            "ndarray,ndarray",
+            "--peer-timeout",
+            "60",
+        ],
+    );
     assert!(err.contains("peer 1 of 2: seed 3 done at step 6"), "{err}");
     assert_eq!(metrics_of(&seed(&peers)), want, "two local peers");
 
@@ -374,6 +384,20 @@ fn a_placement_wider_than_the_shards_is_refused() {
     assert!(!made, "a run directory was made: {err}");
     if cfg!(feature = "distributed") {
         assert!(err.contains("--set shards=2"), "{err}");
+        let (code, err, _) = rlany(
+            &[
+                "run",
+                "experiments/quickstart.ron",
+                "--peers",
+                "2",
+                "--devices",
+                "ndarray",
+            ],
+            &[],
+            &runs,
+        );
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("give one per peer"), "{err}");
     } else {
         assert!(err.contains("--features distributed"), "{err}");
     }
