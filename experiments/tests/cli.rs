@@ -222,6 +222,7 @@ fn generate_decodes_a_batch_of_fixed_length_rows() {
 
 /// The full system at a tiny scale (a learned judge, the GP proposer, a KL penalty against a
 /// frozen reference) with two shards: what the placement tests spread over peers.
+#[cfg(feature = "distributed")]
 const TINY_FULL: &str = r#"
 Experiment(
     name: "tiny_placed",
@@ -245,6 +246,7 @@ Experiment(
 "#;
 
 /// A run's metrics lines with the wall-clock keys removed.
+#[cfg(feature = "distributed")]
 fn metrics_of(run: &Path) -> Vec<serde_json::Value> {
     let text = std::fs::read_to_string(run.join("metrics.jsonl")).expect("metrics.jsonl");
     text.lines()
