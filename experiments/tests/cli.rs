@@ -260,16 +260,22 @@ fn metrics_of(run: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// A scratch folder named `tag` holding [`TINY_FULL`] as `tiny.ron`; the folder and the file.
+#[cfg(feature = "distributed")]
+fn tiny_full_in(tag: &str) -> (PathBuf, String) {
+    let dir = scratch(tag);
+    let file = dir.join("tiny.ron");
+    std::fs::write(&file, TINY_FULL).expect("write experiment");
+    (dir, file.to_string_lossy().into_owned())
+}
+
 /// A placement is not part of the experiment: two peers in one process (burn-collective's
 /// local all-reduce) write the metrics of one process running both shards, and a run
 /// checkpointed under one placement resumes under the other with the same metrics.
 #[cfg(feature = "distributed")]
 #[test]
 fn two_local_peers_write_the_one_process_metrics_and_resume_across_placements() {
-    let dir = scratch("placement");
-    let file = dir.join("tiny.ron");
-    std::fs::write(&file, TINY_FULL).expect("write experiment");
-    let f = file.to_string_lossy().into_owned();
+    let (dir, f) = tiny_full_in("placement");
     let run_in = |runs: &Path, extra: &[&str]| {
         let mut args = vec!["run", &f, "--no-warm-cache"];
         args.extend_from_slice(extra);
@@ -334,10 +340,7 @@ fn free_port() -> u16 {
 #[cfg(feature = "distributed")]
 #[test]
 fn a_missing_node_or_coordinator_is_a_clear_error_within_the_timeout() {
-    let dir = scratch("placement-faults");
-    let file = dir.join("tiny.ron");
-    std::fs::write(&file, TINY_FULL).expect("write experiment");
-    let f = file.to_string_lossy().into_owned();
+    let (dir, f) = tiny_full_in("placement-faults");
     for (rank, want) in [(0, "node 1"), (1, "coordinator 127.0.0.1")] {
         let coord = format!("127.0.0.1:{}", free_port());
         let node_addr = format!("127.0.0.1:{}", free_port());
