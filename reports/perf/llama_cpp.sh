@@ -15,6 +15,7 @@
 #                 CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=ON" \
 #                   python3 -m pip install llama-cpp-python
 #                 (a native build uses AMX here and dies with "Illegal instruction")
+#   BACKEND       rlany's backend (default ndarray; flex needs a build with --features flex)
 #   THREADS       thread counts to compare (default "1 2")
 #   TOKENS ROWS BATCH_TOKENS   (default 64, 32, 32)
 #   OUT           output folder (default reports/perf/llama_cpp): results.jsonl, table.md
@@ -23,6 +24,7 @@ cd "$(dirname "$0")/../.."
 BIN=${1:-target/release/rlany}
 MODEL=${MODEL:-models/pretrained/SmolLM2-135M-Instruct.Q4_1.gguf}
 PY=${PY:-python3}
+BACKEND=${BACKEND:-ndarray}
 THREADS=${THREADS:-1 2}
 TOKENS=${TOKENS:-64}
 ROWS=${ROWS:-32}
@@ -51,14 +53,14 @@ EOF
 ours() { # threads rows tokens
     local t=$1 rows=$2 n=$3
     RAYON_NUM_THREADS=$t MATMUL_NUM_THREADS=$t "$BIN" generate "$MODEL" --prompt "$MESSAGE" \
-        --max-tokens "$n" --ignore-eos --batch "$rows" 2>"$TMP/err" >/dev/null
-    "$PY" - "$TMP/err" "$t" "$rows" "$n" <<'EOF'
+        --max-tokens "$n" --ignore-eos --batch "$rows" --backend "$BACKEND" 2>"$TMP/err" >/dev/null
+    "$PY" - "$TMP/err" "$t" "$rows" "$n" "$BACKEND" <<'EOF'
 import json, re, sys
 s = open(sys.argv[1], encoding="utf-8").read()
 m = re.search(r"prompt (\d+) tokens, (?:\d+ rows, )?reply (\d+) tokens in ([\d.]+) s \(([\d.]+) tokens/s\).*peak memory (\d+) MiB", s)
 if not m:
     sys.exit("could not read rlany's summary:\n" + s)
-print(json.dumps({"engine": "rlany", "threads": int(sys.argv[2]), "rows": int(sys.argv[3]),
+print(json.dumps({"engine": "rlany", "backend": sys.argv[5], "threads": int(sys.argv[2]), "rows": int(sys.argv[3]),
                   "prompt_tokens": int(m[1]), "tokens_per_row": int(sys.argv[4]),
                   "seconds": float(m[3]), "tokens_per_s": float(m[4]), "peak_mib": int(m[5])}))
 EOF
@@ -85,12 +87,12 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 key = lambda r: (r["threads"], r["workload"])
 ours = {key(r): r for r in rows if r["engine"] == "rlany"}
 ref = {key(r): r for r in rows if r["engine"] == "llama.cpp"}
-out = ["| threads | workload | rlany tokens/s | llama.cpp tokens/s | ratio |", "|---|---|---|---|---|"]
+out = ["| backend | threads | workload | rlany tokens/s | llama.cpp tokens/s | ratio |", "|---|---|---|---|---|---|"]
 for k in sorted(ours):
     o, r = ours[k], ref.get(k)
     if r is None:
         continue
-    out.append(f"| {k[0]} | {k[1]} ({o['rows']} × {o['tokens_per_row']}) | {o['tokens_per_s']:.1f} | "
+    out.append(f"| {o.get('backend', 'ndarray')} | {k[0]} | {k[1]} ({o['rows']} × {o['tokens_per_row']}) | {o['tokens_per_s']:.1f} | "
                f"{r['tokens_per_s']:.1f} | {o['tokens_per_s'] / r['tokens_per_s']:.2f}× |")
 open(sys.argv[2], "w").write(f"Machine: {sys.argv[3]}; prompt {rows[0]['prompt_tokens']} tokens.\n\n" + "\n".join(out) + "\n")
 print("\n".join(out))
