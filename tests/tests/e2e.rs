@@ -826,6 +826,41 @@ fn pretrained_lora_run_resumes_exactly() {
     }
 }
 
+/// The pretrained quickstart (SmolLM2 with LoRA adapters: a supervised warm start of the
+/// policy's adapters, then PPO) runs one step with a tiny budget; its warm start trains the
+/// adapters (a finite loss) and the step-0 evaluation follows it. Skipped with a message when
+/// the model has not been fetched.
+#[test]
+fn pretrained_quickstart_smoke() {
+    let Some(model) = smollm2() else { return };
+    let mut exp = shipped_pretrained("smollm2_quickstart.ron", &model);
+    assert!(exp.policy.warm_start.steps > 0, "the file warm-starts the policy");
+    exp.policy.warm_start.steps = 2;
+    exp.policy.warm_start.batch = 2;
+    exp.budget.steps = 1;
+    exp.budget.eval_every = 1;
+    exp.budget.tasks_per_step = 2;
+    exp.budget.group_size = 2;
+    exp.budget.eval_tasks = 2;
+    exp.budget.max_env_steps = 2;
+    exp.policy.sampling.max_step_tokens = 6;
+    if let Some(j) = exp.judge.model_mut() {
+        j.warm_start.steps = 1;
+        j.warm_start.batch = 2;
+        j.warm_start.labels = 4;
+    }
+    let dir = scratch("smollm2-quickstart");
+    let runs = dir.join("runs").to_string_lossy().into_owned();
+    let file = write(&dir, "q.ron", &exp.to_ron());
+    assert_eq!(rlany(&["run", &file, "--runs-dir", &runs, "--no-progress"]), 0);
+    let m = metrics(&dir.join("runs/smollm2_quickstart/seed-1"));
+    assert_eq!(m.len(), 2, "{m:?}");
+    let loss = m[0]["warm/policy_loss"].as_f64().expect("the warm start's loss");
+    assert!(loss.is_finite() && loss > 0.0, "{loss}");
+    assert!(m[1].get("eval/acc_id").is_some());
+    let _ = fs::remove_dir_all(dir);
+}
+
 #[test]
 fn quickstart_smoke_with_a_tiny_budget() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
