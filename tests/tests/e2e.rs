@@ -834,7 +834,10 @@ fn pretrained_lora_run_resumes_exactly() {
 fn pretrained_quickstart_smoke() {
     let Some(model) = smollm2() else { return };
     let mut exp = shipped_pretrained("smollm2_quickstart.ron", &model);
-    assert!(exp.policy.warm_start.steps > 0, "the file warm-starts the policy");
+    assert!(
+        exp.policy.warm_start.steps > 0,
+        "the file warm-starts the policy"
+    );
     exp.policy.warm_start.steps = 2;
     exp.policy.warm_start.batch = 2;
     exp.budget.steps = 1;
@@ -852,10 +855,15 @@ fn pretrained_quickstart_smoke() {
     let dir = scratch("smollm2-quickstart");
     let runs = dir.join("runs").to_string_lossy().into_owned();
     let file = write(&dir, "q.ron", &exp.to_ron());
-    assert_eq!(rlany(&["run", &file, "--runs-dir", &runs, "--no-progress"]), 0);
+    assert_eq!(
+        rlany(&["run", &file, "--runs-dir", &runs, "--no-progress"]),
+        0
+    );
     let m = metrics(&dir.join("runs/smollm2_quickstart/seed-1"));
     assert_eq!(m.len(), 2, "{m:?}");
-    let loss = m[0]["warm/policy_loss"].as_f64().expect("the warm start's loss");
+    let loss = m[0]["warm/policy_loss"]
+        .as_f64()
+        .expect("the warm start's loss");
     assert!(loss.is_finite() && loss > 0.0, "{loss}");
     assert!(m[1].get("eval/acc_id").is_some());
     let _ = fs::remove_dir_all(dir);
