@@ -745,6 +745,22 @@ fn pretrained_smollm2_closed_loop_smoke() {
     let _ = fs::remove_dir_all(dir);
 }
 
+/// The SmolLM2 tests' tiny budget: 2 tasks × 2 samples of at most 2 steps of 6 tokens, 2
+/// eval tasks, and a one-step judge warm start on 4 labels (steps and evaluations are each
+/// test's own).
+fn tiny_pretrained_budget(exp: &mut rlany::Experiment) {
+    exp.budget.tasks_per_step = 2;
+    exp.budget.group_size = 2;
+    exp.budget.eval_tasks = 2;
+    exp.budget.max_env_steps = 2;
+    exp.policy.sampling.max_step_tokens = 6;
+    if let Some(j) = exp.judge.model_mut() {
+        j.warm_start.steps = 1;
+        j.warm_start.batch = 2;
+        j.warm_start.labels = 4;
+    }
+}
+
 /// SmolLM2 with LoRA adapters (policy and judge on one shared base) trains two steps, and a
 /// run stopped after step 1 and resumed writes the same metrics; skipped with a message
 /// when the model has not been fetched.
@@ -758,19 +774,10 @@ fn pretrained_lora_run_resumes_exactly() {
             assert!(p.lora.is_some(), "the file trains adapters");
         }
     }
+    tiny_pretrained_budget(&mut exp);
     exp.budget.steps = 2;
     exp.budget.checkpoint_every = 1;
     exp.budget.eval_every = 2;
-    exp.budget.tasks_per_step = 2;
-    exp.budget.group_size = 2;
-    exp.budget.eval_tasks = 2;
-    exp.budget.max_env_steps = 2;
-    exp.policy.sampling.max_step_tokens = 6;
-    if let Some(j) = exp.judge.model_mut() {
-        j.warm_start.steps = 1;
-        j.warm_start.batch = 2;
-        j.warm_start.labels = 4;
-    }
     let run = |dir: &Path, extra: &[&str]| -> PathBuf {
         let runs = dir.join("runs").to_string_lossy().into_owned();
         let file = write(dir, "p.ron", &exp.to_ron());
@@ -840,18 +847,9 @@ fn pretrained_quickstart_smoke() {
     );
     exp.policy.warm_start.steps = 2;
     exp.policy.warm_start.batch = 2;
+    tiny_pretrained_budget(&mut exp);
     exp.budget.steps = 1;
     exp.budget.eval_every = 1;
-    exp.budget.tasks_per_step = 2;
-    exp.budget.group_size = 2;
-    exp.budget.eval_tasks = 2;
-    exp.budget.max_env_steps = 2;
-    exp.policy.sampling.max_step_tokens = 6;
-    if let Some(j) = exp.judge.model_mut() {
-        j.warm_start.steps = 1;
-        j.warm_start.batch = 2;
-        j.warm_start.labels = 4;
-    }
     let dir = scratch("smollm2-quickstart");
     let runs = dir.join("runs").to_string_lossy().into_owned();
     let file = write(&dir, "q.ron", &exp.to_ron());
