@@ -35,6 +35,7 @@ pub use env::{Difficulty, Dim, Environment, Episode, Split, StepResult};
 pub use experiment::{BackendKind, Experiment, ExperimentError};
 pub use lm::{
     CausalLm, ChatMarkup, Generation, PromptFormat, SampleParams, Tokenizer, last_positions,
+    select_positions,
 };
 pub use placement::{Collective, Placement, PlacementError};
 pub use rng::Rng;

@@ -171,15 +171,30 @@ impl PromptFormat {
 /// - `t`: `[batch, seq, width]`, right-padded
 /// - output: `[batch, width]`
 pub fn last_positions<B: Backend>(t: Tensor<B, 3>, lengths: &[usize]) -> Tensor<B, 2> {
-    let [n, seq, width] = t.dims();
-    let rows: Vec<i64> = lengths
+    let seq = t.dims()[1];
+    let flat: Vec<usize> = lengths
         .iter()
         .enumerate()
-        .map(|(r, &len)| (r * seq + len.clamp(1, seq) - 1) as i64)
+        .map(|(r, &len)| r * seq + len.clamp(1, seq) - 1)
         .collect();
-    let index = Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [n]), &t.device());
-    // [n, seq, width] -> [n·seq, width] -> each row's last position -> [n, width]
-    t.reshape([n * seq, width]).select(0, index)
+    select_positions(t, &flat)
+}
+
+/// The vectors at flat positions `row · seq + j`, in the order given.
+///
+/// # Shapes
+/// - `t`: `[batch, seq, width]`
+/// - output: `[positions.len(), width]`
+///
+/// # Panics
+/// If a position is `>= batch · seq`.
+pub fn select_positions<B: Backend>(t: Tensor<B, 3>, positions: &[usize]) -> Tensor<B, 2> {
+    let [batch, seq, width] = t.dims();
+    let index: Vec<i64> = positions.iter().map(|&p| p as i64).collect();
+    let index =
+        Tensor::<B, 1, Int>::from_data(TensorData::new(index, [positions.len()]), &t.device());
+    // [batch, seq, width] -> [batch·seq, width] -> the named rows -> [n, width]
+    t.reshape([batch * seq, width]).select(0, index)
 }
 
 /// How to sample in [`CausalLm::generate`].
@@ -238,6 +253,19 @@ pub trait CausalLm<B: Backend>: Module<B> + Clone + Send + 'static {
     /// - output: `[batch, vocab]`
     fn last_logits(&self, tokens: Tensor<B, 2, Int>, lengths: &[usize]) -> Tensor<B, 2> {
         last_positions(self.forward(tokens), lengths)
+    }
+
+    /// Next-token logits at the flat positions `row · seq + j` only (the tokens a loss
+    /// scores: a policy's actions are a tenth of its context), in the order given: a model
+    /// can skip the LM head everywhere else, and the `[batch, seq, vocab]` logits and their
+    /// gradient are never held.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, seq]`, right-padded
+    /// - output: `[positions.len(), vocab]`, row `i` equal to [`CausalLm::forward`]'s
+    ///   position `positions[i]`
+    fn logits_at(&self, tokens: Tensor<B, 2, Int>, positions: &[usize]) -> Tensor<B, 2> {
+        select_positions(self.forward(tokens), positions)
     }
 
     /// `rows` empty contexts (rows `0..rows`).

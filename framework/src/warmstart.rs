@@ -4,7 +4,7 @@
 //! warm-started policy starts mid-range, as a pretrained LLM does in the paper. Loss: mean
 //! cross-entropy over the demonstrated step tokens (the prompt is context, not target).
 
-use crate::batch::{host_tensor, sequence_logprobs, token_batch};
+use crate::batch::{at_positions, scored_logprobs, scored_positions, token_batch};
 use crate::env::Environment;
 use crate::experiment::WarmStart;
 use crate::lm::{CausalLm, Tokenizer};
@@ -190,9 +190,12 @@ where
             mask[r * batch.seq + j] = if target[j + 1] { 1.0 } else { 0.0 };
         }
     }
-    let mask = host_tensor::<B>(mask, batch.batch, batch.seq, device);
-    let lp = sequence_logprobs(model, &batch, kernels);
-    let loss = (lp * mask).sum().neg().div_scalar(n);
+    // The LM head runs at the target positions only.
+    let positions = scored_positions(&mask);
+    let weight = at_positions(&mask, &positions);
+    let weight = Tensor::<B, 1>::from_data(TensorData::new(weight, [positions.len()]), device);
+    let lp = scored_logprobs(model, &batch, &positions, kernels);
+    let loss = (lp * weight).sum().neg().div_scalar(n);
     let value = loss.clone().into_scalar().elem::<f64>();
     (loss, value)
 }

@@ -21,7 +21,7 @@ use burn::prelude::*;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::{DType, FloatDType};
-use rlany_framework::{CausalLm, Generation, Rng, SampleParams, last_positions};
+use rlany_framework::{CausalLm, Generation, Rng, SampleParams, last_positions, select_positions};
 
 use crate::decode::{self, Contexts};
 use crate::error::ModelError;
@@ -1144,6 +1144,18 @@ impl<B: Backend> CausalLm<B> for Transformer<B> {
         logits.reshape([n, vocab])
     }
 
+    /// The LM head at the named positions only (see the trait); the same values as
+    /// [`CausalLm::forward`]'s rows there.
+    fn logits_at(&self, tokens: Tensor<B, 2, Int>, positions: &[usize]) -> Tensor<B, 2> {
+        let n = positions.len();
+        // [n, d] -> [1, n, d]
+        let picked = select_positions(self.causal_hidden(tokens), positions).unsqueeze_dim(0);
+        let logits = self.logits(picked);
+        let vocab = logits.dims()[2];
+        // [1, n, vocab] -> [n, vocab]
+        logits.reshape([n, vocab])
+    }
+
     fn contexts(&self, rows: usize) -> Contexts<B> {
         Contexts::new(self, rows)
     }
@@ -1516,6 +1528,64 @@ mod tests {
             assert!(max_abs_diff(&flat[i * vocab..(i + 1) * vocab], want) <= 1e-5);
         }
         assert_eq!(seq, 5);
+    }
+
+    /// `logits_at` equals `forward`'s rows at the named positions (any order, repeats, the
+    /// padding), and a loss on it gives every parameter the gradient the same loss on
+    /// `forward` gives.
+    #[test]
+    fn logits_at_positions_equal_forward_values_and_gradients() {
+        type A = Autodiff<NdArray>;
+        struct Grads<'a> {
+            grads: &'a <A as burn::tensor::backend::AutodiffBackend>::Gradients,
+            flat: Vec<f32>,
+        }
+        impl ModuleVisitor<A> for Grads<'_> {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<A, D>>) {
+                if let Some(g) = param.grad(self.grads) {
+                    self.flat
+                        .extend(g.into_data().to_vec::<f32>().expect("f32"));
+                }
+            }
+        }
+        let positions = [9usize, 1, 4, 6, 1, 0];
+        for config in [tiny(), tiny().with_qkv_bias(true).with_tie_embeddings(true)] {
+            let device = Default::default();
+            let model = seeded::<A>(&config, 11);
+            let tokens = || -> Tensor<A, 2, Int> {
+                Tensor::from_data(
+                    TensorData::new(vec![1i64, 7, 30, 31, 2, 1, 50, 51, 52, 53], [2, 5]),
+                    &device,
+                )
+            };
+            let full = CausalLm::forward(&model, tokens());
+            let vocab = full.dims()[2];
+            let want = select_positions(full, &positions);
+            let got = model.logits_at(tokens(), &positions);
+            assert_eq!(got.dims(), [positions.len(), vocab]);
+            let (w, g) = (
+                want.clone().into_data().to_vec::<f32>().expect("f32"),
+                got.clone().into_data().to_vec::<f32>().expect("f32"),
+            );
+            assert!(max_abs_diff(&w, &g) <= 1e-5);
+            // A loss weighting each picked row differently.
+            let weights = Tensor::<A, 1>::from_floats([0.5, -1.0, 2.0, 0.25, 1.5, -0.75], &device)
+                .reshape([positions.len(), 1]);
+            let grads_of = |logits: Tensor<A, 2>| {
+                let loss = (log_softmax(logits, 1) * weights.clone()).sum();
+                let grads = loss.backward();
+                let mut v = Grads {
+                    grads: &grads,
+                    flat: Vec::new(),
+                };
+                model.visit(&mut v);
+                v.flat
+            };
+            let (gw, gg) = (grads_of(want), grads_of(got));
+            assert_eq!(gw.len(), gg.len());
+            assert!(!gw.is_empty());
+            assert!(max_abs_diff(&gw, &gg) <= 1e-4, "{}", max_abs_diff(&gw, &gg));
+        }
     }
 
     fn temp_path(name: &str) -> PathBuf {

@@ -7,7 +7,8 @@
 //! the same: its tokens share `1 / (tokens in the unit) / (units in the minibatch)`.
 
 use crate::batch::{
-    TokenBatch, entropy_sum, host_tensor, sequence_logprobs, target_logprobs, token_batch,
+    TokenBatch, at_positions, entropy_sum, host_tensor, logprobs_at, scored_logprobs,
+    scored_positions, token_batch,
 };
 use crate::experiment::KlEstimator;
 use crate::lm::CausalLm;
@@ -270,6 +271,13 @@ where
     let seqs: Vec<&[u32]> = rows.iter().map(|s| s.tokens.as_slice()).collect();
     let batch = token_batch::<B>(&seqs, params.pad, model.max_seq_len(), device);
     let (adv, weight, tokens) = unit_targets(rows, n_units, batch.batch, batch.seq);
+    // Every model runs its LM head at the trained positions only: the loss reads nothing else.
+    let positions = scored_positions(&weight);
+    let n = positions.len();
+    let (adv, weight) = (
+        at_positions(&adv, &positions),
+        at_positions(&weight, &positions),
+    );
     let wsum = weight.iter().map(|&w| f64::from(w)).sum();
     let inner = TokenBatch::<B::InnerBackend> {
         inputs: batch.inputs.clone().inner(),
@@ -278,53 +286,53 @@ where
         seq: batch.seq,
     };
     // One forward of the rollout model serves its log-probs and (first minibatch) entropy.
-    let old_logits = old.forward(inner.inputs.clone());
+    let old_logits = old.logits_at(inner.inputs.clone(), &positions);
     let entropy = if want_entropy {
-        let weight_inner =
-            host_tensor::<B::InnerBackend>(weight.clone(), batch.batch, batch.seq, device);
-        entropy_sum(old_logits.clone(), weight_inner)
+        entropy_sum(old_logits.clone(), &weight)
     } else {
         (0.0, 0.0)
     };
+    // [n] → [1, n]: the loss's `[batch, seq]` layout with the scored positions as one row.
+    let row = |t: Tensor<B, 1>| t.reshape([1, n]);
     let (new_lp, old_lp, kl) = match params.estimator.sampled() {
         Some(estimator) => {
-            let old_lp = target_logprobs(old_logits, &inner, params.kernels);
+            let old_lp = logprobs_at(old_logits, &inner, &positions, params.kernels);
             let target_lp = if same_target {
                 old_lp.clone()
             } else {
-                sequence_logprobs(target, &inner, params.kernels)
+                scored_logprobs(target, &inner, &positions, params.kernels)
             };
-            let new_lp = sequence_logprobs(model, &batch, params.kernels);
+            let new_lp = scored_logprobs(model, &batch, &positions, params.kernels);
             let kl = KlTerm::Sampled {
-                target_lp: Tensor::from_inner(target_lp),
+                target_lp: row(Tensor::from_inner(target_lp)),
                 estimator,
             };
-            (new_lp, old_lp, kl)
+            (row(new_lp), old_lp, kl)
         }
         None => {
-            // The exact KL needs the target's whole distribution at every position.
+            // The exact KL needs the target's whole distribution at every scored position.
             let target_logits = if same_target {
                 old_logits.clone()
             } else {
-                target.forward(inner.inputs.clone())
+                target.logits_at(inner.inputs.clone(), &positions)
             };
-            let old_lp = target_logprobs(old_logits, &inner, params.kernels);
-            let new_logits = model.forward(batch.inputs.clone());
-            let new_lp = target_logprobs(new_logits.clone(), &batch, params.kernels);
+            let old_lp = logprobs_at(old_logits, &inner, &positions, params.kernels);
+            let new_logits = model.logits_at(batch.inputs.clone(), &positions);
+            let new_lp = logprobs_at(new_logits.clone(), &batch, &positions, params.kernels);
             let kl = full_kl(
                 new_logits,
                 Tensor::from_inner(target_logits),
                 params.kernels,
             );
-            (new_lp, old_lp, KlTerm::Exact(kl))
+            (row(new_lp), old_lp, KlTerm::Exact(row(kl)))
         }
     };
     let out = ppo_loss(
         new_lp,
-        Tensor::from_inner(old_lp),
+        row(Tensor::from_inner(old_lp)),
         kl,
-        host_tensor::<B>(adv, batch.batch, batch.seq, device),
-        host_tensor::<B>(weight, batch.batch, batch.seq, device),
+        host_tensor::<B>(adv, 1, n, device),
+        host_tensor::<B>(weight, 1, n, device),
         params.clip,
         params.kl_coef,
     );
@@ -339,25 +347,18 @@ where
     (out.loss, part)
 }
 
-/// The exact `KL(π ‖ target)` over the vocabulary at every position (gradients flow into `π`
+/// The exact `KL(π ‖ target)` over the vocabulary at every row (gradients flow into `π`
 /// only: `target_logits` come from a model outside the graph).
 ///
 /// # Shapes
-/// - `logits`, `target_logits`: `[batch, seq, vocab]`
-/// - output: `[batch, seq]`
+/// - `logits`, `target_logits`: `[n, vocab]`
+/// - output: `[n]`
 fn full_kl<B: rlany_kernels::LogProbOps>(
-    logits: Tensor<B, 3>,
-    target_logits: Tensor<B, 3>,
+    logits: Tensor<B, 2>,
+    target_logits: Tensor<B, 2>,
     kernels: rlany_kernels::KernelChoice,
-) -> Tensor<B, 2> {
-    let [b, t, v] = logits.dims();
-    // [b, t, v] → [b·t, v] → [b·t] → [b, t]
-    kernels
-        .kl_full(
-            logits.reshape([b * t, v]),
-            target_logits.reshape([b * t, v]),
-        )
-        .reshape([b, t])
+) -> Tensor<B, 1> {
+    kernels.kl_full(logits, target_logits)
 }
 
 /// Per-token advantages and weights of `rows` in the batch's `[row, j]` layout (token `k` is
@@ -400,8 +401,8 @@ mod tests {
         let dev = Default::default();
         // Position 0: P = softmax([0, ln 2]) = (1/3, 2/3), Q = (1/2, 1/2);
         // KL = 1/3·ln(2/3) + 2/3·ln(4/3) = 0.0566330.
-        let p = Tensor::<B, 1>::from_floats([0.0, 2f32.ln(), 1.0, 3.0], &dev).reshape([1, 2, 2]);
-        let q = Tensor::<B, 1>::from_floats([0.0, 0.0, 1.0, 3.0], &dev).reshape([1, 2, 2]);
+        let p = Tensor::<B, 1>::from_floats([0.0, 2f32.ln(), 1.0, 3.0], &dev).reshape([2, 2]);
+        let q = Tensor::<B, 1>::from_floats([0.0, 0.0, 1.0, 3.0], &dev).reshape([2, 2]);
         for kernels in [
             rlany_kernels::KernelChoice::Fused,
             rlany_kernels::KernelChoice::Reference,
