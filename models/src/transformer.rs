@@ -21,7 +21,7 @@ use burn::prelude::*;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::{DType, FloatDType};
-use rlany_framework::{CausalLm, Generation, Rng, SampleParams, last_positions, select_positions};
+use rlany_framework::{CausalLm, Generation, Rng, SampleParams, select_positions};
 
 use crate::decode::{self, Contexts};
 use crate::error::ModelError;
@@ -615,6 +615,25 @@ pub struct Transformer<B: Backend> {
     config: TransformerConfig,
 }
 
+/// The shortest common prefix of a batch's rows that [`Transformer::hidden_at`] computes
+/// once instead of once per row (below it, the second pass costs more than it saves).
+pub const SHARED_PREFIX_MIN: usize = 16;
+
+/// Length of the longest prefix all rows of `tokens` share (read to the host: ids only).
+///
+/// # Shapes
+/// - `tokens`: `[batch, seq]`
+fn common_prefix<B: Backend>(tokens: &Tensor<B, 2, Int>) -> usize {
+    let [batch, seq] = tokens.dims();
+    let ids = tokens.clone().into_data().convert::<i64>();
+    let Ok(ids) = ids.to_vec::<i64>() else {
+        return 0;
+    };
+    (0..seq)
+        .take_while(|&j| (1..batch).all(|r| ids[r * seq + j] == ids[j]))
+        .count()
+}
+
 /// Additive causal bias: query `i` (absolute position `cache_len + i`) sees keys
 /// `j <= cache_len + i`. `None` when `seq == 1` (a single new query sees every key).
 ///
@@ -857,9 +876,73 @@ impl<B: Backend> Transformer<B> {
             "sequence length {seq} exceeds max_seq_len {}",
             self.config.max_seq_len
         );
-        let (cos, sin) = self.rotary_prefix(seq);
+        let (cos, sin) = self.rotary_range(0, seq);
         let bias = causal_bias::<B>(0, seq, &tokens.device());
         self.forward_hidden(tokens, &cos, &sin, bias.as_ref(), None)
+    }
+
+    /// Final hidden states at the flat positions `row · seq + j` of right-padded rows read
+    /// from position 0, causal mask only: [`Transformer::causal_hidden`]'s rows there.
+    ///
+    /// When every row starts with the same [`SHARED_PREFIX_MIN`] tokens or more (a chat
+    /// template's system prompt and instructions; a task's prompt in a group of samples of
+    /// it), that common prefix is computed once, as a batch of one, and each row's remainder
+    /// attends to its keys and values (the KV cache's path): the same values, and under
+    /// autodiff the same gradients (the rows' gradients of the prefix add up), for a
+    /// fraction of the arithmetic.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, seq]`
+    /// - output: `[positions.len(), d_model]`
+    fn hidden_at(&self, tokens: Tensor<B, 2, Int>, positions: &[usize]) -> Tensor<B, 2> {
+        let [batch, seq] = tokens.dims();
+        let shared = if batch > 1 && seq > SHARED_PREFIX_MIN {
+            common_prefix(&tokens).min(seq - 1)
+        } else {
+            0
+        };
+        if shared < SHARED_PREFIX_MIN {
+            return select_positions(self.causal_hidden(tokens), positions);
+        }
+        let rest = seq - shared;
+        let device = tokens.device();
+        // The prefix as one row: [1, shared] -> [1, shared, d_model], its K/V cached.
+        let mut cache = KvCache::new(self.blocks.len());
+        cache.reserve(rest);
+        let (cos, sin) = self.rotary_range(0, shared);
+        let bias = causal_bias::<B>(0, shared, &device);
+        let head = tokens.clone().slice([0..1, 0..shared]);
+        let prefix = self.forward_hidden(head, &cos, &sin, bias.as_ref(), Some(&mut cache));
+        // Every row reads the one prefix: [1, kv_heads, shared, head_dim] -> [batch, ...].
+        cache.select_rows(Tensor::zeros([batch], &device));
+        let (cos, sin) = self.rotary_range(shared, rest);
+        let bias = causal_bias::<B>(shared, rest, &device);
+        let tail = tokens.slice([0..batch, shared..seq]);
+        // [batch, rest, d_model]
+        let suffix = self.forward_hidden(tail, &cos, &sin, bias.as_ref(), Some(&mut cache));
+        let d_model = self.config.d_model;
+        // [shared, d_model] then [batch · rest, d_model]: position (r, j) is row j of the
+        // prefix when j < shared, else row `shared + r · rest + (j − shared)`.
+        let table = Tensor::cat(
+            vec![
+                prefix.reshape([shared, d_model]),
+                suffix.reshape([batch * rest, d_model]),
+            ],
+            0,
+        );
+        let index: Vec<usize> = positions
+            .iter()
+            .map(|&p| {
+                let (r, j) = (p / seq, p % seq);
+                if j < shared {
+                    j
+                } else {
+                    shared + r * rest + (j - shared)
+                }
+            })
+            .collect();
+        // [shared + batch · rest, d_model] -> [1, shared + batch · rest, d_model]
+        select_positions(table.unsqueeze_dim(0), &index)
     }
 
     /// Logits of hidden states (the LM head, or the transposed embedding when tied).
@@ -967,23 +1050,23 @@ impl<B: Backend> Transformer<B> {
         (cos, sin)
     }
 
-    /// Rotary cosines and sines of positions `0..seq` (shared by every row).
+    /// Rotary cosines and sines of positions `start..start + seq` (shared by every row).
     ///
     /// # Shapes
     /// - outputs: `[1, 1, seq, head_dim / 2]`
-    fn rotary_prefix(&self, seq: usize) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    fn rotary_range(&self, start: usize, seq: usize) -> (Tensor<B, 4>, Tensor<B, 4>) {
         let half = self.config.head_dim() / 2;
         // [seq, half] -> [1, 1, seq, half]
         let cos = self
             .rope_cos
             .clone()
-            .narrow(0, 0, seq)
+            .narrow(0, start, seq)
             .reshape([1, 1, seq, half]);
         // [seq, half] -> [1, 1, seq, half]
         let sin = self
             .rope_sin
             .clone()
-            .narrow(0, 0, seq)
+            .narrow(0, start, seq)
             .reshape([1, 1, seq, half]);
         (cos, sin)
     }
@@ -1135,9 +1218,14 @@ impl<B: Backend> CausalLm<B> for Transformer<B> {
     /// The LM head on each row's last real position only (see the trait); the same values
     /// as [`CausalLm::forward`]'s rows there.
     fn last_logits(&self, tokens: Tensor<B, 2, Int>, lengths: &[usize]) -> Tensor<B, 2> {
-        let n = tokens.dims()[0];
+        let [n, seq] = tokens.dims();
+        let flat: Vec<usize> = lengths
+            .iter()
+            .enumerate()
+            .map(|(r, &len)| r * seq + len.clamp(1, seq) - 1)
+            .collect();
         // [n, d] -> [n, 1, d]
-        let last = last_positions(self.causal_hidden(tokens), lengths).unsqueeze_dim(1);
+        let last = self.hidden_at(tokens, &flat).unsqueeze_dim(1);
         let logits = self.logits(last);
         let vocab = logits.dims()[2];
         // [n, 1, vocab] -> [n, vocab]
@@ -1149,7 +1237,7 @@ impl<B: Backend> CausalLm<B> for Transformer<B> {
     fn logits_at(&self, tokens: Tensor<B, 2, Int>, positions: &[usize]) -> Tensor<B, 2> {
         let n = positions.len();
         // [n, d] -> [1, n, d]
-        let picked = select_positions(self.causal_hidden(tokens), positions).unsqueeze_dim(0);
+        let picked = self.hidden_at(tokens, positions).unsqueeze_dim(0);
         let logits = self.logits(picked);
         let vocab = logits.dims()[2];
         // [1, n, vocab] -> [n, vocab]
@@ -1530,9 +1618,9 @@ mod tests {
         assert_eq!(seq, 5);
     }
 
-    /// `logits_at` equals `forward`'s rows at the named positions (any order, repeats, the
-    /// padding), and a loss on it gives every parameter the gradient the same loss on
-    /// `forward` gives.
+    /// `logits_at` (and `last_logits`) equal `forward`'s rows at the named positions (any
+    /// order, repeats, the padding), with and without a prefix the rows share, and a loss on
+    /// it gives every parameter the gradient the same loss on `forward` gives.
     #[test]
     fn logits_at_positions_equal_forward_values_and_gradients() {
         type A = Autodiff<NdArray>;
@@ -1548,15 +1636,34 @@ mod tests {
                 }
             }
         }
-        let positions = [9usize, 1, 4, 6, 1, 0];
-        for config in [tiny(), tiny().with_qkv_bias(true).with_tie_embeddings(true)] {
+        // Two rows with nothing in common; three rows sharing their first 20 tokens (the
+        // prefix computed once), one right-padded, positions in the prefix and after it.
+        let shared: Vec<i64> = (0..20).map(|i| 3 + (i * 7) % 90).collect();
+        let mut three = Vec::new();
+        for tail in [[40i64, 41, 42, 43], [40, 44, 45, 46], [60, 0, 0, 0]] {
+            three.extend(shared.iter().copied());
+            three.extend(tail);
+        }
+        let cases = [
+            (
+                vec![1i64, 7, 30, 31, 2, 1, 50, 51, 52, 53],
+                [2, 5],
+                vec![9usize, 1, 4, 6, 1, 0],
+            ),
+            (
+                three,
+                [3, 24],
+                vec![23, 3, 20, 47, 19, 0, 48, 21, 71, 30, 55, 24],
+            ),
+        ];
+        for ((ids, shape, positions), config) in cases.into_iter().flat_map(|c| {
+            [tiny(), tiny().with_qkv_bias(true).with_tie_embeddings(true)]
+                .map(|config| (c.clone(), config))
+        }) {
             let device = Default::default();
             let model = seeded::<A>(&config, 11);
             let tokens = || -> Tensor<A, 2, Int> {
-                Tensor::from_data(
-                    TensorData::new(vec![1i64, 7, 30, 31, 2, 1, 50, 51, 52, 53], [2, 5]),
-                    &device,
-                )
+                Tensor::from_data(TensorData::new(ids.clone(), shape), &device)
             };
             let full = CausalLm::forward(&model, tokens());
             let vocab = full.dims()[2];
@@ -1568,8 +1675,23 @@ mod tests {
                 got.clone().into_data().to_vec::<f32>().expect("f32"),
             );
             assert!(max_abs_diff(&w, &g) <= 1e-5);
+            // The judge's read of each row's last real token takes the same path.
+            let [rows, seq] = shape;
+            let lengths: Vec<usize> = (0..rows).map(|r| seq - r).collect();
+            let flat: Vec<usize> = (0..rows).map(|r| r * seq + seq - r - 1).collect();
+            let last = model.last_logits(tokens(), &lengths);
+            let want_last = select_positions(CausalLm::forward(&model, tokens()), &flat);
+            assert!(
+                max_abs_diff(
+                    &last.into_data().to_vec::<f32>().expect("f32"),
+                    &want_last.into_data().to_vec::<f32>().expect("f32"),
+                ) <= 1e-5
+            );
             // A loss weighting each picked row differently.
-            let weights = Tensor::<A, 1>::from_floats([0.5, -1.0, 2.0, 0.25, 1.5, -0.75], &device)
+            let weights: Vec<f32> = (0..positions.len())
+                .map(|i| [0.5, -1.0, 2.0, 0.25, 1.5, -0.75][i % 6])
+                .collect();
+            let weights = Tensor::<A, 1>::from_floats(weights.as_slice(), &device)
                 .reshape([positions.len(), 1]);
             let grads_of = |logits: Tensor<A, 2>| {
                 let loss = (log_softmax(logits, 1) * weights.clone()).sum();
