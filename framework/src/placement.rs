@@ -330,15 +330,32 @@ pub(crate) mod tests {
     /// added its values, then all read the sum (in rank order, like one process would add).
     pub(crate) struct Threads {
         peers: usize,
-        state: Mutex<(Vec<Option<Vec<f32>>>, u64, Option<Vec<f32>>, usize)>,
+        state: Mutex<Round>,
         ready: Condvar,
+    }
+
+    /// The all-reduce's shared state.
+    struct Round {
+        /// Each peer's values for the round being gathered.
+        parts: Vec<Option<Vec<f32>>>,
+        /// Rounds completed.
+        done: u64,
+        /// The last round's sum, until every peer has read it.
+        sum: Option<Vec<f32>>,
+        /// Peers that have read `sum`.
+        readers: usize,
     }
 
     impl Threads {
         pub(crate) fn new(peers: usize) -> Arc<Self> {
             Arc::new(Self {
                 peers,
-                state: Mutex::new((vec![None; peers], 0, None, 0)),
+                state: Mutex::new(Round {
+                    parts: vec![None; peers],
+                    done: 0,
+                    sum: None,
+                    readers: 0,
+                }),
                 ready: Condvar::new(),
             })
         }
@@ -361,36 +378,36 @@ pub(crate) mod tests {
                 .lock()
                 .map_err(|e| PlacementError::Collective(e.to_string()))?;
             // Wait for the previous round's readers to finish.
-            while s.2.is_some() {
+            while s.sum.is_some() {
                 s = t
                     .ready
                     .wait(s)
                     .map_err(|e| PlacementError::Collective(e.to_string()))?;
             }
-            s.0[self.1] = Some(values);
-            if s.0.iter().all(Option::is_some) {
-                let parts: Vec<Vec<f32>> = s.0.iter_mut().filter_map(Option::take).collect();
+            s.parts[self.1] = Some(values);
+            if s.parts.iter().all(Option::is_some) {
+                let parts: Vec<Vec<f32>> = s.parts.iter_mut().filter_map(Option::take).collect();
                 let mut sum = vec![0.0f32; parts[0].len()];
                 for p in &parts {
                     sum.iter_mut().zip(p).for_each(|(a, b)| *a += b);
                 }
-                s.2 = Some(sum);
-                s.3 = 0;
-                s.1 += 1;
+                s.sum = Some(sum);
+                s.readers = 0;
+                s.done += 1;
                 t.ready.notify_all();
             } else {
-                let round = s.1;
-                while s.1 == round {
+                let round = s.done;
+                while s.done == round {
                     s = t
                         .ready
                         .wait(s)
                         .map_err(|e| PlacementError::Collective(e.to_string()))?;
                 }
             }
-            let out = s.2.clone().unwrap_or_default();
-            s.3 += 1;
-            if s.3 == t.peers {
-                s.2 = None;
+            let out = s.sum.clone().unwrap_or_default();
+            s.readers += 1;
+            if s.readers == t.peers {
+                s.sum = None;
                 t.ready.notify_all();
             }
             Ok(out)
