@@ -34,7 +34,7 @@ pub mod warmstart;
 pub use env::{Difficulty, Dim, Environment, Episode, Split, StepResult};
 pub use experiment::{BackendKind, Experiment, ExperimentError};
 pub use lm::{
-    CausalLm, ChatMarkup, Generation, PromptFormat, SampleParams, Tokenizer, last_positions,
+    CausalLm, ChatMarkup, Generation, PromptFormat, SampleParams, Tokenizer, last_token_positions,
     select_positions,
 };
 pub use placement::{Collective, Placement, PlacementError};

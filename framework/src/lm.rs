@@ -165,19 +165,14 @@ impl PromptFormat {
     }
 }
 
-/// Each row's vector at its last real position (`lengths[r]` clamped to `1..=seq`).
-///
-/// # Shapes
-/// - `t`: `[batch, seq, width]`, right-padded
-/// - output: `[batch, width]`
-pub fn last_positions<B: Backend>(t: Tensor<B, 3>, lengths: &[usize]) -> Tensor<B, 2> {
-    let seq = t.dims()[1];
-    let flat: Vec<usize> = lengths
+/// Each row's last real position as a flat position `row · seq + j` (`lengths[r]` clamped
+/// to `1..=seq`), for [`CausalLm::logits_at`] or [`select_positions`].
+pub fn last_token_positions(lengths: &[usize], seq: usize) -> Vec<usize> {
+    lengths
         .iter()
         .enumerate()
         .map(|(r, &len)| r * seq + len.clamp(1, seq) - 1)
-        .collect();
-    select_positions(t, &flat)
+        .collect()
 }
 
 /// The vectors at flat positions `row · seq + j`, in the order given.
@@ -252,7 +247,8 @@ pub trait CausalLm<B: Backend>: Module<B> + Clone + Send + 'static {
     ///   (clamped to `1..=seq`)
     /// - output: `[batch, vocab]`
     fn last_logits(&self, tokens: Tensor<B, 2, Int>, lengths: &[usize]) -> Tensor<B, 2> {
-        last_positions(self.forward(tokens), lengths)
+        let seq = tokens.dims()[1];
+        self.logits_at(tokens, &last_token_positions(lengths, seq))
     }
 
     /// Next-token logits at the flat positions `row · seq + j` only (the tokens a loss

@@ -1215,23 +1215,6 @@ impl<B: Backend> CausalLm<B> for Transformer<B> {
         self.logits(self.causal_hidden(tokens))
     }
 
-    /// The LM head on each row's last real position only (see the trait); the same values
-    /// as [`CausalLm::forward`]'s rows there.
-    fn last_logits(&self, tokens: Tensor<B, 2, Int>, lengths: &[usize]) -> Tensor<B, 2> {
-        let [n, seq] = tokens.dims();
-        let flat: Vec<usize> = lengths
-            .iter()
-            .enumerate()
-            .map(|(r, &len)| r * seq + len.clamp(1, seq) - 1)
-            .collect();
-        // [n, d] -> [n, 1, d]
-        let last = self.hidden_at(tokens, &flat).unsqueeze_dim(1);
-        let logits = self.logits(last);
-        let vocab = logits.dims()[2];
-        // [n, 1, vocab] -> [n, vocab]
-        logits.reshape([n, vocab])
-    }
-
     /// The LM head at the named positions only (see the trait); the same values as
     /// [`CausalLm::forward`]'s rows there.
     fn logits_at(&self, tokens: Tensor<B, 2, Int>, positions: &[usize]) -> Tensor<B, 2> {
