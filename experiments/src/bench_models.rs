@@ -29,7 +29,7 @@ use burn::tensor::{Distribution, FloatDType};
 use rlany_framework::batch::{host_tensor, sequence_logprobs, token_batch};
 use rlany_framework::ppo::loss::{KlTerm, SampledKl, ppo_loss};
 use rlany_framework::{CausalLm, Rng, SampleParams};
-use rlany_kernels::{AutodiffLogProbOps, KernelChoice, LogProbOps};
+use rlany_kernels::{AttentionOps, AutodiffLogProbOps, KernelChoice, LogProbOps};
 use rlany_models::{Transformer, TransformerConfig};
 
 /// A model shape of the benchmark.
@@ -292,7 +292,7 @@ where
 }
 
 /// A model of `wl`'s shape, its weights from a fixed seed.
-fn model<B: Backend>(
+fn model<B: AttentionOps>(
     device: &B::Device,
     wl: &Workload,
     dtype: FloatDType,
@@ -310,7 +310,7 @@ fn model<B: Backend>(
 }
 
 /// Median ms of `reps` rollouts (one warm-up first).
-fn rollout<B: Backend>(
+fn rollout<B: AttentionOps>(
     device: &B::Device,
     wl: &Workload,
     dtype: FloatDType,

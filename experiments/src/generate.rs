@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use burn::prelude::Backend;
 use rlany_framework::{CausalLm, Rng, SampleParams, Tokenizer};
+use rlany_kernels::AttentionOps;
 use rlany_models::{Role, load_pretrained};
 
 use crate::UsageError;
@@ -92,7 +92,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
 }
 
 /// `rlany generate` on backend `B`.
-fn generate_on<B: Backend>(args: &GenerateArgs, device: &B::Device) -> Result<()> {
+fn generate_on<B: AttentionOps>(args: &GenerateArgs, device: &B::Device) -> Result<()> {
     let started = Instant::now();
     let p = load_pretrained::<B>(&args.model, Some(args.max_seq_len), device)
         .with_context(|| format!("loading {}", args.model.display()))?;

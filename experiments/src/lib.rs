@@ -534,7 +534,7 @@ pub fn missing_models(exp: &Experiment) -> Vec<String> {
 
 /// A model of `source` on `device` with the tokenizer it reads: a pretrained file's own, or
 /// (from scratch) the character tokenizer, weights drawn from the stream `init` of `seed`.
-fn build_model<B: burn::prelude::Backend>(
+fn build_model<B: rlany_kernels::AttentionOps>(
     source: &ModelSource,
     seed: u64,
     init: &str,
@@ -570,7 +570,7 @@ fn build_model<B: burn::prelude::Backend>(
 
 /// `model` with the LoRA adapters its source asks for (frozen base, adapters drawn from the
 /// stream `stream` of `seed`); unchanged without.
-fn with_adapters<B: burn::prelude::Backend>(
+fn with_adapters<B: rlany_kernels::AttentionOps>(
     model: Transformer<B>,
     source: &ModelSource,
     seed: u64,

@@ -9,6 +9,7 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::ops::{FloatTensor, IntTensor};
 
+use crate::attention::AttentionOps;
 use crate::ops::{KlStats, LogProbOps};
 
 #[derive(Debug)]
@@ -58,6 +59,74 @@ impl<B: LogProbOps> Backward<B, 2> for KlFullBackward {
         }
         if let (Some(node), Some(dq)) = (node_q, dq) {
             grads.register::<B>(node.id, dq);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct GroupedAttentionBackward;
+
+impl<B: AttentionOps> Backward<B, 3> for GroupedAttentionBackward {
+    /// (q, k, v checkpoints, the constant bias, group)
+    type State = (NodeId, NodeId, NodeId, Option<FloatTensor<B>>, usize);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 3>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
+        let [node_q, node_k, node_v] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (q_id, k_id, v_id, bias, group) = ops.state;
+        let q: FloatTensor<B> = checkpointer.retrieve_node_output(q_id);
+        let k: FloatTensor<B> = checkpointer.retrieve_node_output(k_id);
+        let v: FloatTensor<B> = checkpointer.retrieve_node_output(v_id);
+        let [dq, dk, dv] = B::grouped_attention_backward(q, k, v, bias, group, grad);
+        for (node, d) in [(node_q, dq), (node_k, dk), (node_v, dv)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, d);
+            }
+        }
+    }
+}
+
+/// The probabilities are not kept: the backward node holds the inputs and recomputes them.
+impl<B: AttentionOps, C: CheckpointStrategy> AttentionOps for Autodiff<B, C> {
+    fn grouped_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        group: usize,
+    ) -> FloatTensor<Self> {
+        // The bias is a mask built from data: a constant, whatever its node says.
+        let bias = bias.map(|b| b.primitive);
+        match GroupedAttentionBackward
+            .prepare::<C>([q.node.clone(), k.node.clone(), v.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let q_id = prep.checkpoint(&q);
+                let k_id = prep.checkpoint(&k);
+                let v_id = prep.checkpoint(&v);
+                let out = B::grouped_attention(
+                    q.primitive,
+                    k.primitive,
+                    v.primitive,
+                    bias.clone(),
+                    group,
+                );
+                prep.finish((q_id, k_id, v_id, bias, group), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::grouped_attention(
+                q.primitive,
+                k.primitive,
+                v.primitive,
+                bias,
+                group,
+            )),
         }
     }
 }

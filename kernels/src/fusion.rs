@@ -12,6 +12,7 @@ use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 
+use crate::attention::AttentionOps;
 use crate::ops::{KlStats, LogProbOps};
 
 type Handles<B> =
@@ -100,6 +101,9 @@ impl<B: FusionBackend + LogProbOps> Operation<B::FusionRuntime> for KlBwd<B> {
         }
     }
 }
+
+/// The default composition, in fused operations.
+impl<B: FusionBackend + LogProbOps> AttentionOps for Fusion<B> {}
 
 impl<B: FusionBackend + LogProbOps> LogProbOps for Fusion<B> {
     fn stat_dtype(logits_dtype: DType) -> DType {

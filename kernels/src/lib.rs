@@ -13,6 +13,7 @@
 //! - [`fused`]: tensor-level wrappers over the trait, and [`KernelChoice`] to pick fused or
 //!   reference explicitly (for comparisons).
 
+pub mod attention;
 mod autodiff;
 #[cfg(feature = "cube")]
 mod cube;
@@ -22,6 +23,7 @@ mod fusion;
 mod ops;
 pub mod reference;
 
+pub use attention::{AttentionOps, grouped_attention, reference_grouped_attention};
 pub use fused::KernelChoice;
 pub use ops::{AutodiffLogProbOps, KlStats, LogProbOps};
 pub use reference::{kl_full, token_logprobs};

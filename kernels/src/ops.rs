@@ -6,6 +6,7 @@ use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 
+use crate::attention::AttentionOps;
 use crate::reference;
 
 /// Per-row statistics that the KL forward saves for its backward. Every tensor is `[n]`.
@@ -49,7 +50,7 @@ impl<B: Backend> core::fmt::Debug for KlStats<B> {
 /// and `kl_full` with a custom backward node that calls `B::*_backward`.
 ///
 /// Targets must lie in `[0, vocab)`; the Cube kernels do not check them.
-pub trait LogProbOps: Backend {
+pub trait LogProbOps: AttentionOps {
     /// The dtype this backend keeps the saved per-row statistics in (`lse`, [`KlStats`]) for
     /// logits of `logits_dtype`: the logits' own by default, f32 on the Cube backends.
     fn stat_dtype(logits_dtype: burn::tensor::DType) -> burn::tensor::DType {
@@ -186,9 +187,20 @@ where
 {
 }
 
+impl<E: FloatNdArrayElement, I: IntNdArrayElement, Q: QuantElement> AttentionOps
+    for NdArray<E, I, Q>
+where
+    burn::backend::ndarray::NdArrayTensor: From<burn::backend::ndarray::SharedArray<E>>,
+    burn::backend::ndarray::NdArrayTensor: From<burn::backend::ndarray::SharedArray<I>>,
+{
+}
+
 /// Flex (Burn's newer CPU backend, feature `flex`): the default composition too.
 #[cfg(feature = "flex")]
 impl LogProbOps for burn::backend::Flex {}
+
+#[cfg(feature = "flex")]
+impl AttentionOps for burn::backend::Flex {}
 
 pub(crate) fn float<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(t))

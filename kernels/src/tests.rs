@@ -324,6 +324,127 @@ where
 }
 
 // ---------------------------------------------------------------------------------------------
+// Attention that recomputes its probabilities in the backward pass, against its reference twin.
+
+/// `(batch, kv_heads, group, seq, cached keys, head_dim, bias)`: bias 0 none, 1 causal
+/// (shared by the rows), 2 causal plus per-row key padding.
+const ATTENTION_SHAPES: &[(usize, usize, usize, usize, usize, usize, u8)] = &[
+    (1, 1, 1, 1, 0, 1, 0),
+    (2, 1, 3, 5, 0, 4, 1),
+    (3, 2, 2, 7, 4, 8, 2),
+    (1, 3, 3, 16, 9, 64, 2),
+    (2, 2, 1, 9, 0, 5, 0),
+];
+
+/// An additive f32 bias `[rows, 1, seq, keys]`: key `j` hidden from query `i` when
+/// `j > cache + i` (causal) and, with padding, when `j` is among row `r`'s last `r` keys.
+fn attention_bias<B: Backend>(
+    batch: usize,
+    seq: usize,
+    cache: usize,
+    kind: u8,
+    device: &B::Device,
+) -> Option<Tensor<B, 4>> {
+    let keys = cache + seq;
+    let rows = if kind == 2 { batch } else { 1 };
+    let mut bias = vec![0f32; rows * seq * keys];
+    for r in 0..rows {
+        for i in 0..seq {
+            for j in 0..keys {
+                let future = j > cache + i;
+                let padded = kind == 2 && j + r >= keys && j > 0 && j != cache + i;
+                if future || padded {
+                    bias[(r * seq + i) * keys + j] = -1.0e9;
+                }
+            }
+        }
+    }
+    (kind != 0).then(|| Tensor::from_data(TensorData::new(bias, [rows, 1, seq, keys]), device))
+}
+
+fn check_attention_vs_reference<B>(device: &B::Device, seed: u64)
+where
+    B: AutodiffBackend<InnerBackend: crate::AttentionOps> + crate::AttentionOps,
+{
+    use crate::{grouped_attention, reference_grouped_attention};
+    let mut rng = Rng(seed);
+    let tol = tol_for(DType::F32);
+    for &(batch, kv_heads, group, seq, cache, head_dim, kind) in ATTENTION_SHAPES {
+        let ctx = format!(
+            "attention b{batch} kv{kv_heads} g{group} s{seq} c{cache} d{head_dim} bias{kind}"
+        );
+        let keys = cache + seq;
+        let mut random = |shape: [usize; 4], spread: f64| {
+            let n = shape.iter().product();
+            let values = (0..n).map(|_| rng.uniform(-spread, spread)).collect();
+            Tensor::<B, 4>::from_data(TensorData::new(values, shape), device)
+        };
+        let q = random([batch, kv_heads, group * seq, head_dim], 2.0);
+        let k = random([batch, kv_heads, keys, head_dim], 2.0);
+        let v = random([batch, kv_heads, keys, head_dim], 1.0);
+        let w = random([batch, kv_heads, group * seq, head_dim], 1.0);
+        let bias = attention_bias::<B>(batch, seq, cache, kind, device);
+
+        let run = |fused: bool, detach_k: bool| {
+            let (q, k, v) = (
+                q.clone().require_grad(),
+                k.clone(),
+                v.clone().require_grad(),
+            );
+            let k = if detach_k { k } else { k.require_grad() };
+            let out = if fused {
+                grouped_attention(q.clone(), k.clone(), v.clone(), bias.clone(), group)
+            } else {
+                reference_grouped_attention(q.clone(), k.clone(), v.clone(), bias.clone(), group)
+            };
+            let grads = (out.clone() * w.clone()).sum().backward();
+            let grad = |t: &Tensor<B, 4>| t.grad(&grads).map(to_f32);
+            (to_f32(out), grad(&q), grad(&k), grad(&v))
+        };
+        let as64 = |xs: &[f32]| xs.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+        let want = run(false, false);
+        let got = run(true, false);
+        assert_close(&format!("{ctx}: forward"), &got.0, &as64(&want.0), tol);
+        for (name, g, w) in [
+            ("dq", &got.1, &want.1),
+            ("dk", &got.2, &want.2),
+            ("dv", &got.3, &want.3),
+        ] {
+            let (g, w) = (g.as_ref().expect(name), w.as_ref().expect(name));
+            assert_close(&format!("{ctx}: {name}"), g, &as64(w), tol);
+        }
+        // A parent that needs no gradient gets none; the others are unchanged.
+        let part = run(true, true);
+        assert!(part.2.is_none(), "{ctx}: a detached k got a gradient");
+        assert_eq!(part.1, got.1, "{ctx}: dq with k detached");
+        // The untracked path (no autodiff node) gives the same forward.
+        let inner = grouped_attention(
+            q.clone().inner(),
+            k.clone().inner(),
+            v.clone().inner(),
+            bias.clone().map(|b| b.inner()),
+            group,
+        );
+        assert_eq!(to_f32(inner), got.0, "{ctx}: untracked forward");
+    }
+}
+
+/// By hand: with `q = 0` every visible key scores the same, so each query's output is the mean
+/// of the values it sees (causal: query `i` sees values `0..=i`).
+fn check_attention_by_hand<B: crate::AttentionOps>(device: &B::Device) {
+    let q = Tensor::<B, 4>::zeros([1, 1, 3, 2], device);
+    let k = Tensor::<B, 4>::ones([1, 1, 3, 2], device);
+    let v = Tensor::<B, 4>::from_data(
+        TensorData::new(vec![3.0f32, 0.0, 6.0, 3.0, 0.0, 9.0], [1, 1, 3, 2]),
+        device,
+    );
+    let bias = attention_bias::<B>(1, 3, 0, 1, device);
+    let out = to_f32(crate::grouped_attention(q, k, v, bias, 1));
+    let want = [3.0, 0.0, 4.5, 1.5, 3.0, 4.0];
+    assert_close("attention by hand", &out, &want, tol_for(DType::F32));
+}
+
+// ---------------------------------------------------------------------------------------------
 // NdArray (always).
 
 mod ndarray {
@@ -340,6 +461,12 @@ mod ndarray {
     #[test]
     fn fused_and_reference_agree() {
         check_fused_vs_reference::<B>(&Default::default(), &[(5, 97), (3, 4096)], 2);
+    }
+
+    #[test]
+    fn recomputing_attention_matches_its_reference_twin() {
+        check_attention_vs_reference::<B>(&Default::default(), 5);
+        check_attention_by_hand::<B>(&Default::default());
     }
 
     /// On NdArray both arms run the same composed code (NdArray has no kernels), so this only

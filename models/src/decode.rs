@@ -32,6 +32,7 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::{DType, FloatDType};
 use rlany_framework::sampling::Sampler;
 use rlany_framework::{Generation, Rng, SampleParams};
+use rlany_kernels::AttentionOps;
 
 use crate::transformer::{KvCache, MASKED, PAD_ID, Transformer, causal_bias, combine_bias};
 
@@ -55,7 +56,7 @@ pub struct Contexts<B: Backend> {
     bias: Option<Tensor<B, 4>>,
 }
 
-impl<B: Backend> Contexts<B> {
+impl<B: AttentionOps> Contexts<B> {
     /// `rows` empty contexts for `model`.
     pub(crate) fn new(model: &Transformer<B>, rows: usize) -> Self {
         Self {
@@ -128,7 +129,7 @@ impl<B: Backend> Contexts<B> {
 /// dropped, or a token id is `>= vocab_size`.
 ///
 /// [`CausalLm::extend`]: rlany_framework::CausalLm::extend
-pub(crate) fn extend<B: Backend>(
+pub(crate) fn extend<B: AttentionOps>(
     model: &Transformer<B>,
     ctx: &mut Contexts<B>,
     rows: &[usize],
@@ -272,7 +273,7 @@ pub(crate) fn extend<B: Backend>(
 ///
 /// # Shapes
 /// - `logits`: `[batch, vocab]` (f32)
-fn sample_on_device<B: Backend>(
+fn sample_on_device<B: AttentionOps>(
     logits: Tensor<B, 2>,
     finished: &[bool],
     temperature: f64,
@@ -319,7 +320,7 @@ fn sample_on_device<B: Backend>(
 ///
 /// # Shapes
 /// - output: `[rows, 1, d_model]`
-fn read<B: Backend>(
+fn read<B: AttentionOps>(
     model: &Transformer<B>,
     ctx: &mut Contexts<B>,
     chunks: &[Vec<u32>],

@@ -27,12 +27,11 @@
 //! half"), so [`GgufFile::weights`] puts the rows back: Hugging Face row `j·head_dim/2 + i`
 //! of a head is GGUF row `2i + j`. `qwen2` files are not reordered by the converter.
 
+use rlany_kernels::AttentionOps;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-
-use burn::prelude::*;
 
 use crate::bpe::{BpeSpec, BpeTokenizer, PreTokenizer};
 use crate::error::ModelError;
@@ -630,7 +629,7 @@ impl GgufFile {
     }
 
     /// The model of this file on `device` (see [`GgufFile::config`] for `max_seq_len`).
-    pub fn transformer<B: Backend>(
+    pub fn transformer<B: AttentionOps>(
         &self,
         max_seq_len: Option<usize>,
         device: &B::Device,
@@ -769,6 +768,7 @@ fn dequantize(ty: GgmlType, raw: &[u8]) -> Vec<f32> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use burn::prelude::*;
 
     #[test]
     fn half_floats_hand_checked() {

@@ -12,11 +12,11 @@
 //! place that maps Hugging Face names onto the model. [`save_hf_dir`] writes the inverse
 //! (one F32 `model.safetensors` and a `config.json` that `transformers` also reads).
 
+use rlany_kernels::AttentionOps;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Component, Path, PathBuf};
 
-use burn::prelude::*;
 use safetensors::tensor::{Dtype, SafeTensors, View};
 use serde_json::{Map, Value, json};
 
@@ -116,7 +116,7 @@ pub fn read_hf_config(
 /// Memory: each weights file is read whole before it is decoded, so the peak is about the
 /// largest file plus 4 bytes per parameter (the f32 copies decoded so far), plus the
 /// model's own parameters while they are built (up to another 4 bytes per parameter).
-pub fn load_hf_dir<B: Backend>(
+pub fn load_hf_dir<B: AttentionOps>(
     dir: &Path,
     max_seq_len: Option<usize>,
     device: &B::Device,
@@ -132,7 +132,7 @@ pub fn load_hf_dir<B: Backend>(
 /// q/k/v biases, `LlamaForCausalLM` otherwise; `max_position_embeddings` is the model's
 /// `max_seq_len`). A model with LoRA adapters is saved merged (`W + s·A·B`,
 /// [`Transformer::merge_lora`]). Existing files of the same names are replaced.
-pub fn save_hf_dir<B: Backend>(model: &Transformer<B>, dir: &Path) -> Result<(), ModelError> {
+pub fn save_hf_dir<B: AttentionOps>(model: &Transformer<B>, dir: &Path) -> Result<(), ModelError> {
     std::fs::create_dir_all(dir).map_err(|e| ModelError::Save {
         path: dir.to_path_buf(),
         message: format!("cannot create the directory: {e}"),
@@ -573,6 +573,7 @@ fn write_safetensors(path: &Path, weights: &HfWeights) -> Result<(), ModelError>
 mod tests {
     use super::*;
     use burn::backend::NdArray;
+    use burn::prelude::*;
     use rlany_framework::{CausalLm, Rng};
 
     type B = NdArray<f32>;

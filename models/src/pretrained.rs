@@ -9,9 +9,10 @@
 //! the default system prompt out of the template's text, which is all that family's
 //! templates vary in. Any other template is reported, and the model is used without one.
 
+use burn::prelude::*;
+use rlany_kernels::AttentionOps;
 use std::path::{Path, PathBuf};
 
-use burn::prelude::*;
 use rlany_framework::{ChatMarkup, PromptFormat};
 
 use crate::bpe::BpeTokenizer;
@@ -139,7 +140,7 @@ pub fn is_pretrained_source(path: &Path) -> bool {
 
 /// Loads a GGUF file or a Hugging Face directory (see the module docs). `max_seq_len` caps
 /// the context the source declares (the rotary tables and KV caches are sized by it).
-pub fn load_pretrained<B: Backend>(
+pub fn load_pretrained<B: AttentionOps>(
     path: &Path,
     max_seq_len: Option<usize>,
     device: &B::Device,

@@ -19,9 +19,10 @@ use burn::module::{Initializer, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::prelude::*;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
-use burn::tensor::activation::{silu, softmax};
+use burn::tensor::activation::silu;
 use burn::tensor::{DType, FloatDType};
 use rlany_framework::{CausalLm, Generation, Rng, SampleParams, select_positions};
+use rlany_kernels::{AttentionOps, grouped_attention};
 
 use crate::decode::{self, Contexts};
 use crate::error::ModelError;
@@ -128,9 +129,9 @@ impl TransformerConfig {
     ///
     /// Every parameter is materialised here: Burn parameters are otherwise initialised
     /// lazily, and a clone of a never-read model would draw its own, different weights.
-    pub fn init<B: Backend>(&self, device: &B::Device) -> Result<Transformer<B>, ModelError> {
+    pub fn init<B: AttentionOps>(&self, device: &B::Device) -> Result<Transformer<B>, ModelError> {
         struct Materialize;
-        impl<B: Backend> ModuleVisitor<B> for Materialize {
+        impl<B: AttentionOps> ModuleVisitor<B> for Materialize {
             fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
                 let _ = param.val();
             }
@@ -144,7 +145,7 @@ impl TransformerConfig {
     /// the backend's global RNG, which is shared by everything in the process): embedding
     /// ~ N(0, 0.02²), linear weights ~ U(±1/√fan_in) (Burn's default Kaiming-uniform bound),
     /// biases 0, norm gains 1. The same `rng` state gives the same model on every backend.
-    pub fn init_seeded<B: Backend>(
+    pub fn init_seeded<B: AttentionOps>(
         &self,
         device: &B::Device,
         rng: &mut Rng,
@@ -156,7 +157,7 @@ impl TransformerConfig {
     }
 
     /// The model with lazily initialised parameters (for loading weights into).
-    pub(crate) fn build<B: Backend>(
+    pub(crate) fn build<B: AttentionOps>(
         &self,
         device: &B::Device,
     ) -> Result<Transformer<B>, ModelError> {
@@ -219,7 +220,7 @@ struct SeededInit<'a> {
     path: Vec<String>,
 }
 
-impl<B: Backend> ModuleMapper<B> for SeededInit<'_> {
+impl<B: AttentionOps> ModuleMapper<B> for SeededInit<'_> {
     fn enter_module(&mut self, name: &str, _container_type: &str) {
         self.path.push(name.to_string());
     }
@@ -259,7 +260,7 @@ impl<B: Backend> ModuleMapper<B> for SeededInit<'_> {
 ///
 /// # Shapes
 /// - outputs: `[max_seq_len, head_dim / 2]` each
-fn rotary_tables<B: Backend>(
+fn rotary_tables<B: AttentionOps>(
     max_seq_len: usize,
     head_dim: usize,
     theta: f32,
@@ -290,7 +291,7 @@ fn rotary_tables<B: Backend>(
 /// - `x`: `[batch, heads, seq, head_dim]`
 /// - `cos`, `sin`: `[batch or 1, 1, seq, head_dim / 2]`
 /// - output: `[batch, heads, seq, head_dim]`
-fn apply_rotary<B: Backend>(
+fn apply_rotary<B: AttentionOps>(
     x: Tensor<B, 4>,
     cos: &Tensor<B, 4>,
     sin: &Tensor<B, 4>,
@@ -314,7 +315,7 @@ fn apply_rotary<B: Backend>(
 /// # Shapes
 /// - `x`: `[batch, seq, d_input]`
 /// - output: `[batch, seq, d_output]`
-fn project<B: Backend>(
+fn project<B: AttentionOps>(
     layer: &Linear<B>,
     adapter: Option<&LoraAdapter<B>>,
     x: Tensor<B, 3>,
@@ -343,7 +344,7 @@ struct LayerKv<B: Backend> {
     len: usize,
 }
 
-impl<B: Backend> LayerKv<B> {
+impl<B: AttentionOps> LayerKv<B> {
     /// Writes `k` and `v` after the filled positions (growing the buffers first when they
     /// are full) and returns views of every filled position.
     ///
@@ -406,7 +407,7 @@ pub struct KvCache<B: Backend> {
     reserve: usize,
 }
 
-impl<B: Backend> KvCache<B> {
+impl<B: AttentionOps> KvCache<B> {
     /// An empty cache for a model with `n_layers` blocks.
     pub fn new(n_layers: usize) -> Self {
         Self {
@@ -463,7 +464,7 @@ pub struct Attention<B: Backend> {
     head_dim: usize,
 }
 
-impl<B: Backend> Attention<B> {
+impl<B: AttentionOps> Attention<B> {
     /// Attention of every position of `x` over the cached keys and its own causal prefix.
     ///
     /// # Shapes
@@ -504,7 +505,6 @@ impl<B: Backend> Attention<B> {
             Some((slot, reserve)) => LayerKv::append(slot, k, v, reserve),
             None => (k, v),
         };
-        let keys = k.dims()[2];
 
         // Each K/V head serves `group` consecutive query heads (the repeat of GQA), done by
         // folding those heads into the row dimension instead of copying K and V:
@@ -515,21 +515,11 @@ impl<B: Backend> Attention<B> {
             group * seq,
             head_dim,
         ]);
-        // [batch, kv_heads, group * seq, keys] -> [batch, heads, seq, keys]
-        let scores = q
-            .matmul(k.swap_dims(2, 3))
-            .reshape([batch, heads, seq, keys]);
-        let dtype = scores.dtype();
-        let mut scores = scores.cast(DType::F32);
-        if let Some(bias) = bias {
-            scores = scores + bias.clone();
-        }
-        // [batch, heads, seq, keys] -> [batch, kv_heads, group * seq, keys]
-        let weights = softmax(scores, 3)
-            .cast(dtype)
-            .reshape([batch, kv_heads, group * seq, keys]);
+        // softmax(q kᵀ + bias) v; under autodiff its backward recomputes the probabilities
+        // rather than keeping every layer's [heads, seq, keys] (rlany-kernels, `attention`).
         // [batch, kv_heads, group * seq, head_dim] -> [batch, heads, seq, head_dim]
-        let context = weights.matmul(v).reshape([batch, heads, seq, head_dim]);
+        let context =
+            grouped_attention(q, k, v, bias.cloned(), group).reshape([batch, heads, seq, head_dim]);
         // [batch, seq, heads, head_dim] -> [batch, seq, heads * head_dim]
         let context = context
             .swap_dims(1, 2)
@@ -546,7 +536,7 @@ pub struct SwiGlu<B: Backend> {
     down: Linear<B>,
 }
 
-impl<B: Backend> SwiGlu<B> {
+impl<B: AttentionOps> SwiGlu<B> {
     /// # Shapes
     /// - `x`: `[batch, seq, d_model]`
     /// - output: `[batch, seq, d_model]`
@@ -573,7 +563,7 @@ pub struct Block<B: Backend> {
     lora: Option<BlockLora<B>>,
 }
 
-impl<B: Backend> Block<B> {
+impl<B: AttentionOps> Block<B> {
     /// # Shapes
     /// - `x`: `[batch, seq, d_model]`
     /// - `cos`, `sin`: `[batch or 1, 1, seq, head_dim / 2]`
@@ -623,7 +613,7 @@ pub const SHARED_PREFIX_MIN: usize = 16;
 ///
 /// # Shapes
 /// - `tokens`: `[batch, seq]`
-fn common_prefix<B: Backend>(tokens: &Tensor<B, 2, Int>) -> usize {
+fn common_prefix<B: AttentionOps>(tokens: &Tensor<B, 2, Int>) -> usize {
     let [batch, seq] = tokens.dims();
     let ids = tokens.clone().into_data().convert::<i64>();
     let Ok(ids) = ids.to_vec::<i64>() else {
@@ -639,7 +629,7 @@ fn common_prefix<B: Backend>(tokens: &Tensor<B, 2, Int>) -> usize {
 ///
 /// # Shapes
 /// - output: `[1, 1, seq, cache_len + seq]` (f32)
-pub(crate) fn causal_bias<B: Backend>(
+pub(crate) fn causal_bias<B: AttentionOps>(
     cache_len: usize,
     seq: usize,
     device: &B::Device,
@@ -661,7 +651,7 @@ pub(crate) fn causal_bias<B: Backend>(
 }
 
 /// Sum of the optional causal and key-padding biases.
-pub(crate) fn combine_bias<B: Backend>(
+pub(crate) fn combine_bias<B: AttentionOps>(
     causal: Option<Tensor<B, 4>>,
     keys: Option<Tensor<B, 4>>,
 ) -> Option<Tensor<B, 4>> {
@@ -671,7 +661,7 @@ pub(crate) fn combine_bias<B: Backend>(
     }
 }
 
-impl<B: Backend> Transformer<B> {
+impl<B: AttentionOps> Transformer<B> {
     /// The configuration the model was built from.
     pub fn config(&self) -> &TransformerConfig {
         &self.config
@@ -691,7 +681,7 @@ impl<B: Backend> Transformer<B> {
     /// backend that supports it; attention scores and their softmax stay in f32).
     pub fn with_dtype(self, dtype: FloatDType) -> Self {
         struct Cast(FloatDType);
-        impl<B: Backend> ModuleMapper<B> for Cast {
+        impl<B: AttentionOps> ModuleMapper<B> for Cast {
             fn map_float<const D: usize>(
                 &mut self,
                 param: Param<Tensor<B, D>>,
@@ -1188,9 +1178,9 @@ impl<B: Backend> Transformer<B> {
 }
 
 /// Shapes of every float parameter in visiting order.
-fn param_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<Vec<usize>> {
+fn param_shapes<B: AttentionOps, M: Module<B>>(module: &M) -> Vec<Vec<usize>> {
     struct Shapes(Vec<Vec<usize>>);
-    impl<B: Backend> ModuleVisitor<B> for Shapes {
+    impl<B: AttentionOps> ModuleVisitor<B> for Shapes {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             self.0.push(param.shape().as_slice().to_vec());
         }
@@ -1200,7 +1190,7 @@ fn param_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<Vec<usize>> {
     shapes.0
 }
 
-impl<B: Backend> CausalLm<B> for Transformer<B> {
+impl<B: AttentionOps> CausalLm<B> for Transformer<B> {
     type Contexts = Contexts<B>;
 
     /// Logits at positions `0..seq` of every row, causal mask only (right-padded rows).
@@ -1271,7 +1261,7 @@ mod tests {
     /// Replaces every float parameter with values drawn from our own [`Rng`], so test
     /// models do not depend on Burn's global seed (shared by tests running in parallel).
     struct Reseed(Rng);
-    impl<BB: Backend> burn::module::ModuleMapper<BB> for Reseed {
+    impl<BB: AttentionOps> burn::module::ModuleMapper<BB> for Reseed {
         fn map_float<const D: usize>(
             &mut self,
             param: Param<Tensor<BB, D>>,
@@ -1320,7 +1310,7 @@ mod tests {
         assert!((std - 0.02).abs() < 0.003, "{std}");
     }
 
-    fn seeded<BB: Backend>(config: &TransformerConfig, seed: u64) -> Transformer<BB> {
+    fn seeded<BB: AttentionOps>(config: &TransformerConfig, seed: u64) -> Transformer<BB> {
         let model = config
             .init::<BB>(&Default::default())
             .expect("valid config");

@@ -12,8 +12,19 @@ use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElemen
 use cubecl::features::Plane;
 use cubecl::prelude::*;
 
+use crate::attention::AttentionOps;
 use crate::ops::{KlStats, LogProbOps};
 use kernel::MAX_CUBE_UNITS;
+
+/// The default composition (Burn's own matmul and softmax kernels).
+impl<R, F, I, BT> AttentionOps for CubeBackend<R, F, I, BT>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+}
 
 impl<R, F, I, BT> LogProbOps for CubeBackend<R, F, I, BT>
 where

@@ -1,0 +1,147 @@
+//! Attention whose backward pass recomputes the probabilities instead of keeping them.
+//!
+//! Composed from ordinary tensor ops, autodiff keeps every `[heads, seq, keys]` intermediate
+//! of every layer's softmax until the backward pass reaches it: at 1000 tokens and 30 layers,
+//! about 2 GB a row. [`AttentionOps::grouped_attention`] on `Autodiff<B>` keeps only its
+//! inputs (which the projections' own backward keeps anyway) and recomputes one layer's
+//! probabilities when the backward pass reaches that layer, so the attention's memory is one
+//! layer's, not all of them. The forward values are those of the composition
+//! ([`reference_grouped_attention`], the reference twin); the gradients agree with autodiff's
+//! to rounding (tested in `tests.rs`).
+
+use burn::prelude::*;
+use burn::tensor::DType;
+use burn::tensor::activation::softmax;
+use burn::tensor::ops::FloatTensor;
+
+use crate::ops::{float, into_prim};
+
+/// Grouped-query attention as a backend extension: `softmax(q kᵀ + bias) v`, one K/V head
+/// serving `group` consecutive query heads. `q` comes scaled (`1/√head_dim` applied by the
+/// caller); the bias is a constant (a mask) and gets no gradient. The scores and their
+/// softmax are computed in f32 whatever the inputs' dtype.
+///
+/// Every method has a default body built from ordinary tensor ops, so a backend implements the
+/// trait with an empty `impl`; `Autodiff<B>` overrides [`grouped_attention`](Self::grouped_attention)
+/// with a backward node that calls [`grouped_attention_backward`](Self::grouped_attention_backward).
+///
+/// # Shapes
+/// - `q`: `[batch, kv_heads, group * seq, head_dim]` (a K/V head's `group` query heads folded
+///   into its rows, head-major)
+/// - `k`, `v`: `[batch, kv_heads, keys, head_dim]`
+/// - `bias`: `[batch or 1, 1, seq, keys]` (f32), broadcast over the heads
+/// - output: `[batch, kv_heads, group * seq, head_dim]`
+pub trait AttentionOps: Backend {
+    /// The attention's output (see the trait's docs for the shapes).
+    fn grouped_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        group: usize,
+    ) -> FloatTensor<Self> {
+        into_prim(reference_grouped_attention::<Self>(
+            float(q),
+            float(k),
+            float(v),
+            bias.map(float),
+            group,
+        ))
+    }
+
+    /// `(dq, dk, dv)` for the output gradient `grad`, the probabilities `P` recomputed:
+    /// `dv = Pᵀ g`, `dP = g vᵀ`, `dS = P ⊙ (dP − rowsum(P ⊙ dP))`, `dq = dS k`, `dk = dSᵀ q`.
+    fn grouped_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        group: usize,
+        grad: FloatTensor<Self>,
+    ) -> [FloatTensor<Self>; 3] {
+        let (q, k, v) = (
+            float::<Self, 4>(q),
+            float::<Self, 4>(k),
+            float::<Self, 4>(v),
+        );
+        let grad = float::<Self, 4>(grad);
+        let dtype = v.dtype();
+        let probs = probabilities(q.clone(), k.clone(), bias.map(float), group);
+        // [batch, kv_heads, keys, group * seq] x [batch, kv_heads, group * seq, head_dim]
+        let dv = probs.clone().swap_dims(2, 3).matmul(grad.clone());
+        // [batch, kv_heads, group * seq, keys]
+        let dprobs = grad.matmul(v.swap_dims(2, 3)).cast(DType::F32);
+        let probs = probs.cast(DType::F32);
+        // [batch, kv_heads, group * seq, 1]
+        let centre = (probs.clone() * dprobs.clone()).sum_dim(3);
+        let dscores = (probs * (dprobs - centre)).cast(dtype);
+        let dq = dscores.clone().matmul(k);
+        let dk = dscores.swap_dims(2, 3).matmul(q);
+        [into_prim(dq), into_prim(dk), into_prim(dv)]
+    }
+}
+
+/// The reference twin: the composition of ordinary (differentiable) tensor ops.
+///
+/// # Shapes
+/// As [`AttentionOps`].
+pub fn reference_grouped_attention<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    bias: Option<Tensor<B, 4>>,
+    group: usize,
+) -> Tensor<B, 4> {
+    probabilities(q, k, bias, group).matmul(v)
+}
+
+/// `softmax(q kᵀ + bias)` in f32, returned in `q`'s dtype.
+///
+/// # Shapes
+/// - `q`: `[batch, kv_heads, group * seq, head_dim]`; `k`: `[batch, kv_heads, keys, head_dim]`
+/// - `bias`: `[batch or 1, 1, seq, keys]`
+/// - output: `[batch, kv_heads, group * seq, keys]`
+fn probabilities<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    bias: Option<Tensor<B, 4>>,
+    group: usize,
+) -> Tensor<B, 4> {
+    let [batch, kv_heads, rows, _] = q.dims();
+    let keys = k.dims()[2];
+    let seq = rows / group.max(1);
+    // [batch, kv_heads, group * seq, keys] -> [batch, heads, seq, keys]
+    let scores = q
+        .matmul(k.swap_dims(2, 3))
+        .reshape([batch, kv_heads * group, seq, keys]);
+    let dtype = scores.dtype();
+    let mut scores = scores.cast(DType::F32);
+    if let Some(bias) = bias {
+        scores = scores + bias;
+    }
+    // [batch, heads, seq, keys] -> [batch, kv_heads, group * seq, keys]
+    softmax(scores, 3)
+        .cast(dtype)
+        .reshape([batch, kv_heads, rows, keys])
+}
+
+/// Tensor-level wrapper: [`AttentionOps::grouped_attention`] on `B` (the backward-recomputing
+/// node on an autodiff backend).
+///
+/// # Shapes
+/// As [`AttentionOps`].
+pub fn grouped_attention<B: AttentionOps>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    bias: Option<Tensor<B, 4>>,
+    group: usize,
+) -> Tensor<B, 4> {
+    float(B::grouped_attention(
+        into_prim(q),
+        into_prim(k),
+        into_prim(v),
+        bias.map(into_prim),
+        group,
+    ))
+}
