@@ -48,7 +48,10 @@ impl Drop for Claim {
 }
 
 /// Bump when the warm-start code changes what it computes: old entries then miss.
-pub const VERSION: u32 = 1;
+/// 2: the LM head at scored positions and the shared prefix (reports/perf/NOTES.md §9c),
+/// and attention that recomputes its probabilities in the backward pass (§9d): both reorder
+/// floating-point sums.
+pub const VERSION: u32 = 2;
 
 /// The cache folder.
 #[derive(Debug, Clone)]

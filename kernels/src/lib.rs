@@ -12,6 +12,9 @@
 //!   node per op, written once: `dlogits = g ⊙ (onehot − softmax)`, the gradient of `log p`).
 //! - [`fused`]: tensor-level wrappers over the trait, and [`KernelChoice`] to pick fused or
 //!   reference explicitly (for comparisons).
+//! - [`mod@attention`]: [`AttentionOps`], the transformer's grouped-query attention as a
+//!   backend extension whose autodiff backward recomputes the probabilities instead of keeping
+//!   them ([`reference_grouped_attention`] is its twin).
 
 pub mod attention;
 mod autodiff;

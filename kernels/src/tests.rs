@@ -589,6 +589,12 @@ mod wgpu {
     }
 
     #[test]
+    fn recomputing_attention_matches_its_reference_twin() {
+        check_attention_vs_reference::<B>(&Default::default(), 14);
+        check_attention_by_hand::<B>(&Default::default());
+    }
+
+    #[test]
     fn low_precision_matches_f64_reference() {
         let ran = check_low_precision::<B>(&Default::default(), 13);
         // llvmpipe (CI) supports f16; a device with neither dtype skips, and says so above.
