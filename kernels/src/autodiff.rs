@@ -102,31 +102,29 @@ impl<B: AttentionOps, C: CheckpointStrategy> AttentionOps for Autodiff<B, C> {
     ) -> FloatTensor<Self> {
         // The bias is a mask built from data: a constant, whatever its node says.
         let bias = bias.map(|b| b.primitive);
+        let out = B::grouped_attention(
+            q.primitive.clone(),
+            k.primitive.clone(),
+            v.primitive.clone(),
+            bias.clone(),
+            group,
+        );
         match GroupedAttentionBackward
             .prepare::<C>([q.node.clone(), k.node.clone(), v.node.clone()])
             .compute_bound()
             .stateful()
         {
             OpsKind::Tracked(mut prep) => {
-                let q_id = prep.checkpoint(&q);
-                let k_id = prep.checkpoint(&k);
-                let v_id = prep.checkpoint(&v);
-                let out = B::grouped_attention(
-                    q.primitive,
-                    k.primitive,
-                    v.primitive,
-                    bias.clone(),
+                let state = (
+                    prep.checkpoint(&q),
+                    prep.checkpoint(&k),
+                    prep.checkpoint(&v),
+                    bias,
                     group,
                 );
-                prep.finish((q_id, k_id, v_id, bias, group), out)
+                prep.finish(state, out)
             }
-            OpsKind::UnTracked(prep) => prep.finish(B::grouped_attention(
-                q.primitive,
-                k.primitive,
-                v.primitive,
-                bias,
-                group,
-            )),
+            OpsKind::UnTracked(prep) => prep.finish(out),
         }
     }
 }

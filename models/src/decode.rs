@@ -273,7 +273,7 @@ pub(crate) fn extend<B: AttentionOps>(
 ///
 /// # Shapes
 /// - `logits`: `[batch, vocab]` (f32)
-fn sample_on_device<B: AttentionOps>(
+fn sample_on_device<B: Backend>(
     logits: Tensor<B, 2>,
     finished: &[bool],
     temperature: f64,

@@ -16,7 +16,6 @@ use burn::module::Param;
 use burn::prelude::*;
 use rlany_framework::Rng;
 use rlany_framework::experiment::LoraSpec;
-use rlany_kernels::AttentionOps;
 
 /// One adapter pair on a projection `[d_in] → [d_out]`.
 #[derive(Module, Debug)]
@@ -29,7 +28,7 @@ pub struct LoraAdapter<B: Backend> {
     scaling: f64,
 }
 
-impl<B: AttentionOps> LoraAdapter<B> {
+impl<B: Backend> LoraAdapter<B> {
     /// A fresh adapter: `A` uniform in `±1/√d_in` from `rng`, `B` zero.
     pub fn init(
         d_in: usize,
@@ -103,7 +102,7 @@ mod tests {
     type A = Autodiff<NdArray>;
 
     /// The committed 2-layer Llama fixture (random weights made by `fixtures/make_tiny.py`).
-    fn fixture<BB: AttentionOps>() -> Transformer<BB> {
+    fn fixture<BB: rlany_kernels::AttentionOps>() -> Transformer<BB> {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny-llama");
         load_hf_dir::<BB>(&dir, None, &Default::default()).expect("the tiny-llama fixture")
     }
@@ -117,14 +116,14 @@ mod tests {
         }
     }
 
-    fn tokens<BB: AttentionOps>() -> Tensor<BB, 2, Int> {
+    fn tokens<BB: Backend>() -> Tensor<BB, 2, Int> {
         Tensor::from_data(
             TensorData::new(vec![1i64, 7, 30, 31, 2, 1, 50, 51, 52, 53], [2, 5]),
             &Default::default(),
         )
     }
 
-    fn values<BB: AttentionOps, const D: usize>(t: Tensor<BB, D>) -> Vec<f32> {
+    fn values<BB: Backend, const D: usize>(t: Tensor<BB, D>) -> Vec<f32> {
         t.into_data().convert::<f32>().to_vec::<f32>().expect("f32")
     }
 

@@ -129,9 +129,9 @@ impl TransformerConfig {
     ///
     /// Every parameter is materialised here: Burn parameters are otherwise initialised
     /// lazily, and a clone of a never-read model would draw its own, different weights.
-    pub fn init<B: AttentionOps>(&self, device: &B::Device) -> Result<Transformer<B>, ModelError> {
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Result<Transformer<B>, ModelError> {
         struct Materialize;
-        impl<B: AttentionOps> ModuleVisitor<B> for Materialize {
+        impl<B: Backend> ModuleVisitor<B> for Materialize {
             fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
                 let _ = param.val();
             }
@@ -145,7 +145,7 @@ impl TransformerConfig {
     /// the backend's global RNG, which is shared by everything in the process): embedding
     /// ~ N(0, 0.02²), linear weights ~ U(±1/√fan_in) (Burn's default Kaiming-uniform bound),
     /// biases 0, norm gains 1. The same `rng` state gives the same model on every backend.
-    pub fn init_seeded<B: AttentionOps>(
+    pub fn init_seeded<B: Backend>(
         &self,
         device: &B::Device,
         rng: &mut Rng,
@@ -157,7 +157,7 @@ impl TransformerConfig {
     }
 
     /// The model with lazily initialised parameters (for loading weights into).
-    pub(crate) fn build<B: AttentionOps>(
+    pub(crate) fn build<B: Backend>(
         &self,
         device: &B::Device,
     ) -> Result<Transformer<B>, ModelError> {
@@ -220,7 +220,7 @@ struct SeededInit<'a> {
     path: Vec<String>,
 }
 
-impl<B: AttentionOps> ModuleMapper<B> for SeededInit<'_> {
+impl<B: Backend> ModuleMapper<B> for SeededInit<'_> {
     fn enter_module(&mut self, name: &str, _container_type: &str) {
         self.path.push(name.to_string());
     }
@@ -260,7 +260,7 @@ impl<B: AttentionOps> ModuleMapper<B> for SeededInit<'_> {
 ///
 /// # Shapes
 /// - outputs: `[max_seq_len, head_dim / 2]` each
-fn rotary_tables<B: AttentionOps>(
+fn rotary_tables<B: Backend>(
     max_seq_len: usize,
     head_dim: usize,
     theta: f32,
@@ -291,7 +291,7 @@ fn rotary_tables<B: AttentionOps>(
 /// - `x`: `[batch, heads, seq, head_dim]`
 /// - `cos`, `sin`: `[batch or 1, 1, seq, head_dim / 2]`
 /// - output: `[batch, heads, seq, head_dim]`
-fn apply_rotary<B: AttentionOps>(
+fn apply_rotary<B: Backend>(
     x: Tensor<B, 4>,
     cos: &Tensor<B, 4>,
     sin: &Tensor<B, 4>,
@@ -315,7 +315,7 @@ fn apply_rotary<B: AttentionOps>(
 /// # Shapes
 /// - `x`: `[batch, seq, d_input]`
 /// - output: `[batch, seq, d_output]`
-fn project<B: AttentionOps>(
+fn project<B: Backend>(
     layer: &Linear<B>,
     adapter: Option<&LoraAdapter<B>>,
     x: Tensor<B, 3>,
@@ -344,7 +344,7 @@ struct LayerKv<B: Backend> {
     len: usize,
 }
 
-impl<B: AttentionOps> LayerKv<B> {
+impl<B: Backend> LayerKv<B> {
     /// Writes `k` and `v` after the filled positions (growing the buffers first when they
     /// are full) and returns views of every filled position.
     ///
@@ -407,7 +407,7 @@ pub struct KvCache<B: Backend> {
     reserve: usize,
 }
 
-impl<B: AttentionOps> KvCache<B> {
+impl<B: Backend> KvCache<B> {
     /// An empty cache for a model with `n_layers` blocks.
     pub fn new(n_layers: usize) -> Self {
         Self {
@@ -536,7 +536,7 @@ pub struct SwiGlu<B: Backend> {
     down: Linear<B>,
 }
 
-impl<B: AttentionOps> SwiGlu<B> {
+impl<B: Backend> SwiGlu<B> {
     /// # Shapes
     /// - `x`: `[batch, seq, d_model]`
     /// - output: `[batch, seq, d_model]`
@@ -613,7 +613,7 @@ pub const SHARED_PREFIX_MIN: usize = 16;
 ///
 /// # Shapes
 /// - `tokens`: `[batch, seq]`
-fn common_prefix<B: AttentionOps>(tokens: &Tensor<B, 2, Int>) -> usize {
+fn common_prefix<B: Backend>(tokens: &Tensor<B, 2, Int>) -> usize {
     let [batch, seq] = tokens.dims();
     let ids = tokens.clone().into_data().convert::<i64>();
     let Ok(ids) = ids.to_vec::<i64>() else {
@@ -629,7 +629,7 @@ fn common_prefix<B: AttentionOps>(tokens: &Tensor<B, 2, Int>) -> usize {
 ///
 /// # Shapes
 /// - output: `[1, 1, seq, cache_len + seq]` (f32)
-pub(crate) fn causal_bias<B: AttentionOps>(
+pub(crate) fn causal_bias<B: Backend>(
     cache_len: usize,
     seq: usize,
     device: &B::Device,
@@ -651,7 +651,7 @@ pub(crate) fn causal_bias<B: AttentionOps>(
 }
 
 /// Sum of the optional causal and key-padding biases.
-pub(crate) fn combine_bias<B: AttentionOps>(
+pub(crate) fn combine_bias<B: Backend>(
     causal: Option<Tensor<B, 4>>,
     keys: Option<Tensor<B, 4>>,
 ) -> Option<Tensor<B, 4>> {
@@ -681,7 +681,7 @@ impl<B: AttentionOps> Transformer<B> {
     /// backend that supports it; attention scores and their softmax stay in f32).
     pub fn with_dtype(self, dtype: FloatDType) -> Self {
         struct Cast(FloatDType);
-        impl<B: AttentionOps> ModuleMapper<B> for Cast {
+        impl<B: Backend> ModuleMapper<B> for Cast {
             fn map_float<const D: usize>(
                 &mut self,
                 param: Param<Tensor<B, D>>,
@@ -1178,9 +1178,9 @@ impl<B: AttentionOps> Transformer<B> {
 }
 
 /// Shapes of every float parameter in visiting order.
-fn param_shapes<B: AttentionOps, M: Module<B>>(module: &M) -> Vec<Vec<usize>> {
+fn param_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<Vec<usize>> {
     struct Shapes(Vec<Vec<usize>>);
-    impl<B: AttentionOps> ModuleVisitor<B> for Shapes {
+    impl<B: Backend> ModuleVisitor<B> for Shapes {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             self.0.push(param.shape().as_slice().to_vec());
         }
@@ -1261,7 +1261,7 @@ mod tests {
     /// Replaces every float parameter with values drawn from our own [`Rng`], so test
     /// models do not depend on Burn's global seed (shared by tests running in parallel).
     struct Reseed(Rng);
-    impl<BB: AttentionOps> burn::module::ModuleMapper<BB> for Reseed {
+    impl<BB: Backend> burn::module::ModuleMapper<BB> for Reseed {
         fn map_float<const D: usize>(
             &mut self,
             param: Param<Tensor<BB, D>>,
@@ -1310,7 +1310,7 @@ mod tests {
         assert!((std - 0.02).abs() < 0.003, "{std}");
     }
 
-    fn seeded<BB: AttentionOps>(config: &TransformerConfig, seed: u64) -> Transformer<BB> {
+    fn seeded<BB: Backend>(config: &TransformerConfig, seed: u64) -> Transformer<BB> {
         let model = config
             .init::<BB>(&Default::default())
             .expect("valid config");

@@ -17,7 +17,6 @@
 //! | `model.norm.weight` | `norm.gamma` |
 //! | `lm_head.weight` `[vocab, d]` | `lm_head.weight` `[d, vocab]` (absent when tied) |
 
-use rlany_kernels::AttentionOps;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -110,7 +109,7 @@ fn hf_name(path: &[String]) -> Option<(String, bool)> {
 /// an error too (it would mean a different architecture), except the rotary frequency
 /// buffers of older exports and `lm_head.weight` of a checkpoint with tied embeddings.
 /// `source` names the file in errors.
-pub fn transformer_from_hf<B: AttentionOps>(
+pub fn transformer_from_hf<B: Backend>(
     config: &TransformerConfig,
     mut weights: HfWeights,
     device: &B::Device,
@@ -144,12 +143,12 @@ pub fn transformer_from_hf<B: AttentionOps>(
 
 /// Every parameter of `model` under its Hugging Face name and layout (the inverse of
 /// [`transformer_from_hf`]).
-pub fn transformer_to_hf<B: AttentionOps>(model: &Transformer<B>) -> HfWeights {
+pub fn transformer_to_hf<B: Backend>(model: &Transformer<B>) -> HfWeights {
     struct Collect {
         path: Vec<String>,
         out: HfWeights,
     }
-    impl<B: AttentionOps> ModuleVisitor<B> for Collect {
+    impl<B: Backend> ModuleVisitor<B> for Collect {
         fn enter_module(&mut self, name: &str, _container_type: &str) {
             self.path.push(name.to_string());
         }
@@ -188,7 +187,7 @@ struct Loader<'a> {
     error: Option<String>,
 }
 
-impl<B: AttentionOps> ModuleMapper<B> for Loader<'_> {
+impl<B: Backend> ModuleMapper<B> for Loader<'_> {
     fn enter_module(&mut self, name: &str, _container_type: &str) {
         self.path.push(name.to_string());
     }
