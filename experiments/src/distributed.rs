@@ -8,6 +8,19 @@
 //! and every placement of the same shards gives the same metrics (framework/METHOD.md,
 //! "Placement"). Every exchange has a deadline (`--peer-timeout`): a peer that dies, stalls
 //! or never arrives makes the others stop with an error naming what is known, never hang.
+//!
+//! # One session per exchange over several nodes
+//!
+//! burn-collective 0.21's multi-node all-reduce finishes its first call and never its
+//! second: its node sync (global/node/sync.rs) clears a *copy* of its list of synced nodes,
+//! so from the second call on the list never equals the set of nodes. A registration builds
+//! that list afresh, so over several nodes every exchange is a session of its own: register,
+//! all-reduce once, finish. Sessions alternate between two coordinators (node 0 runs both,
+//! on the coordinator's port and the next) and two tensor-service ports per node, so that a
+//! node already registering for exchange `k + 1` never meets a coordinator or a port that
+//! another node is still leaving from exchange `k`: it reaches `k + 1` only after every node
+//! has entered `k`, that is has left `k − 1`, the session on the same coordinator. The local
+//! peers of a node leave a session together before any of them registers again (a barrier).
 
 use crate::UsageError;
 use anyhow::Result;
@@ -31,11 +44,12 @@ pub struct PlacementArgs {
     /// This node's rank, 0..nodes; node 0 runs the coordinator and writes the run directory.
     #[arg(long, default_value_t = 0)]
     pub node_rank: u32,
-    /// HOST:PORT where the nodes meet (node 0 listens on PORT).
+    /// HOST:PORT where the nodes meet (node 0 listens on PORT and PORT + 1).
     #[arg(long, value_name = "HOST:PORT")]
     pub coordinator: Option<String>,
-    /// HOST:PORT at which the other nodes reach this one's tensor service (default
-    /// 127.0.0.1:<coordinator port + 1 + node rank>: right for nodes on one machine).
+    /// HOST:PORT at which the other nodes reach this one's tensor service, on PORT and
+    /// PORT + 1 (default 127.0.0.1:<coordinator port + 2 + 2 × node rank>: right for nodes
+    /// on one machine).
     #[arg(long, value_name = "HOST:PORT")]
     pub node_address: Option<String>,
     /// Seconds any exchange (or the meeting at the start) may wait for the other peers.
@@ -95,14 +109,6 @@ pub fn run_spread(
         .iter()
         .map(|d| crate::parse_backend(d))
         .collect::<Result<Vec<_>>>()?;
-    if args.nodes > 1 {
-        eprintln!(
-            "warning: burn-collective 0.21's multi-node all-reduce never finishes its second \
-             call (an upstream bug, README \"More than one device or machine\"): this run will \
-             stop with an error after --peer-timeout ({} s)",
-            args.peer_timeout
-        );
-    }
     imp::run_spread(exp, seeds, args, &devices, opts)
 }
 
@@ -172,7 +178,7 @@ mod imp {
     use std::path::Path;
     use std::str::FromStr;
     use std::sync::mpsc::{self, RecvTimeoutError};
-    use std::sync::{Arc, Mutex};
+    use std::sync::{Arc, Barrier, Mutex};
     use std::time::{Duration, Instant};
 
     /// The backend the exchanges run on: host memory, whatever the run's backend.
@@ -203,33 +209,164 @@ mod imp {
         board: Arc<Board>,
         /// Who the others are, for errors ("node 1", "nodes 1–3 or another peer of this one").
         others: String,
-        /// Nodes in the run.
-        nodes: u32,
+        /// Over several nodes: one session per exchange (see the module's documentation).
+        sessions: Option<Sessions>,
     }
 
-    /// What a multi-node timeout adds: the known upstream fault that causes it today.
-    const MULTI_NODE_BUG: &str = "; note: burn-collective 0.21's multi-node all-reduce \
-        never finishes its second call (its node sync clears a copy of the list of synced \
-        nodes, global/node/sync.rs), so runs over several nodes stop here until a fixed \
-        release; see README, \"More than one device or machine\"";
+    /// What a peer over several nodes needs to open a session per exchange.
+    pub(super) struct Sessions {
+        /// The registrations of even and of odd sessions (their coordinator and ports).
+        configs: [CollectiveConfig; 2],
+        /// This node's tensor-service ports in even and odd sessions.
+        ports: [u16; 2],
+        /// On the node's first local peer: the id of the node's herald (it opens sessions).
+        herald: Option<PeerId>,
+        /// Sessions opened so far (the meeting at the start is session 0).
+        opened: Mutex<u64>,
+        /// The local peers of this node and its herald, who leave a session together.
+        left: Arc<Barrier>,
+        /// How long a session may take (the peer's deadline).
+        timeout: Duration,
+        /// Nodes in the run: burn-collective's ring all-reduce needs as many values.
+        nodes: usize,
+    }
+
+    /// One exchange over several nodes, a burn-collective session of its own.
+    ///
+    /// burn-collective starts a node's tensor service when the node's first local peer
+    /// registers, on a task of its own, and the other nodes download from it as soon as the
+    /// coordinator has every registration: nothing makes them wait for it to listen (measured:
+    /// one run in three, two nodes per core, failed to connect). So the node's first
+    /// registration is its herald's, an extra local peer that adds zeros; the real peers
+    /// register (and so the node's registration reaches the coordinator) only once the
+    /// service answers on the loopback. Leaving, the first peer waits until the service has
+    /// stopped listening, so that two sessions later the port is the new service's.
+    struct Session {
+        number: u64,
+        config: CollectiveConfig,
+        port: u16,
+        herald: Option<PeerId>,
+        left: Arc<Barrier>,
+        deadline: Instant,
+        nodes: usize,
+    }
+
+    impl Session {
+        /// Registers `id`, all-reduces `values` with every peer of every node, and leaves.
+        fn run(self, id: PeerId, mut values: Vec<f32>) -> Result<Vec<f32>, String> {
+            let number = self.number;
+            // The ring splits the values into one slice per node: pad with zeros (exact).
+            let n = values.len();
+            values.resize(n.max(self.nodes), 0.0);
+            if let Some(herald) = self.herald {
+                let (config, left, len) = (self.config.clone(), self.left.clone(), values.len());
+                std::thread::spawn(move || -> Result<(), String> {
+                    burn_collective::register::<Wire>(herald, Default::default(), config)
+                        .map_err(|e| format!("{e:?}"))?;
+                    reduce(herald, vec![0.0; len])?;
+                    burn_collective::finish_collective::<Wire>(herald)
+                        .map_err(|e| format!("{e:?}"))?;
+                    left.wait();
+                    Ok(())
+                });
+            }
+            self.until(true)
+                .map_err(|e| format!("opening session {number}: {e}"))?;
+            burn_collective::register::<Wire>(id, Default::default(), self.config.clone())
+                .map_err(|e| format!("registering session {number}: {e:?}"))?;
+            let mut sum = reduce(id, values)?;
+            sum.truncate(n);
+            burn_collective::finish_collective::<Wire>(id)
+                .map_err(|e| format!("leaving session {number}: {e:?}"))?;
+            if self.herald.is_some() {
+                self.until(false)
+                    .map_err(|e| format!("leaving session {number}: {e}"))?;
+            }
+            self.left.wait();
+            Ok(sum)
+        }
+
+        /// Waits until this node's tensor service answers on the loopback (`listening`) or
+        /// has stopped answering (`!listening`), until the deadline. Probes back off from 1 to
+        /// 16 ms and close with a reset, leaving nothing in TIME_WAIT.
+        fn until(&self, listening: bool) -> Result<(), String> {
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+            let mut pause = Duration::from_millis(1);
+            loop {
+                if probe(addr) == listening {
+                    return Ok(());
+                }
+                if Instant::now() >= self.deadline {
+                    return Err(format!(
+                        "this node's tensor service on port {} {}",
+                        self.port,
+                        if listening {
+                            "never started listening"
+                        } else {
+                            "never stopped listening"
+                        }
+                    ));
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(16));
+            }
+        }
+    }
+
+    /// Whether something listens at `addr`: a connection opened and reset at once.
+    fn probe(addr: std::net::SocketAddr) -> bool {
+        use socket2::{Domain, Socket, Type};
+        let Ok(socket) = Socket::new(Domain::IPV4, Type::STREAM, None) else {
+            return false;
+        };
+        // Linger 0: closing sends a reset instead of entering TIME_WAIT.
+        let _ = socket.set_linger(Some(Duration::ZERO));
+        socket
+            .connect_timeout(&addr.into(), Duration::from_millis(200))
+            .is_ok()
+    }
+
+    /// burn-collective's all-reduce (a sum) of `values` for the registered peer `id`.
+    fn reduce(id: PeerId, values: Vec<f32>) -> Result<Vec<f32>, String> {
+        let n = values.len();
+        let t = Tensor::<Wire, 1>::from_data(TensorData::new(values, [n]), &Default::default());
+        let sum = burn_collective::all_reduce::<Wire>(
+            id,
+            t.into_primitive().tensor(),
+            ReduceOperation::Sum,
+        )
+        .map_err(|e| format!("{e:?}"))?;
+        // The sum is shared with the other local peers: burn-ndarray would read a shared
+        // array element by element (≈ 85 ns each, measured); `× 1` makes an owned copy at
+        // memory speed, bit for bit.
+        Tensor::<Wire, 1>::from_primitive(TensorPrimitive::Float(sum))
+            .mul_scalar(1.0)
+            .into_data()
+            .to_vec::<f32>()
+            .map_err(|e| format!("{e:?}"))
+    }
 
     impl Peer {
         /// Waits for `rx` until the deadline, stopping early when another local peer failed.
-        /// `during` says what was under way ("the exchange of gradients"); `exchange`: it was
-        /// an all-reduce (not the meeting at the start).
+        /// `during` says what was under way ("the exchange of gradients").
         fn wait<T>(
             &self,
             rx: mpsc::Receiver<Result<T, String>>,
             during: &str,
-            exchange: bool,
         ) -> Result<T, PlacementError> {
             let deadline = Instant::now() + self.timeout;
             loop {
                 match rx.recv_timeout(Duration::from_millis(100)) {
                     Ok(Ok(v)) => return Ok(v),
                     Ok(Err(e)) => {
+                        // Over several nodes burn-collective fails this way when a node went
+                        // away (its tensor service refuses, its local server stops).
+                        let cause = match self.sessions {
+                            Some(_) => format!(": {} died or went away", self.others),
+                            None => String::new(),
+                        };
                         return Err(PlacementError::Collective(format!(
-                            "peer {} of {}: {during} failed: {e}",
+                            "peer {} of {}: {during} failed: {e}{cause}",
                             self.rank, self.peers
                         )));
                     }
@@ -250,16 +387,11 @@ mod imp {
                         if Instant::now() >= deadline {
                             return Err(PlacementError::Collective(format!(
                                 "peer {} of {}: no answer within {} s during {during}: {} died, \
-                                 stalled or never arrived (--peer-timeout){}",
+                                 stalled or never arrived (--peer-timeout)",
                                 self.rank,
                                 self.peers,
                                 self.timeout.as_secs(),
                                 self.others,
-                                if exchange && self.nodes > 1 {
-                                    MULTI_NODE_BUG
-                                } else {
-                                    ""
-                                }
                             )));
                         }
                     }
@@ -276,39 +408,52 @@ mod imp {
             self.rank
         }
         fn all_reduce_sum(&self, values: Vec<f32>, what: &str) -> Result<Vec<f32>, PlacementError> {
-            let (tx, rx) = mpsc::channel();
-            let id = PeerId::from(self.rank);
-            // On its own thread, so that a collective that never returns cannot hang us.
-            std::thread::spawn(move || {
-                let n = values.len();
-                let t =
-                    Tensor::<Wire, 1>::from_data(TensorData::new(values, [n]), &Default::default());
-                let out = burn_collective::all_reduce::<Wire>(
-                    id,
-                    t.into_primitive().tensor(),
-                    ReduceOperation::Sum,
-                )
-                .map_err(|e| format!("{e:?}"))
-                .and_then(|p| {
-                    // The sum is shared with the other local peers: burn-ndarray would read a
-                    // shared array element by element (≈ 85 ns each, measured); `× 1` makes an
-                    // owned copy at memory speed, bit for bit.
-                    Tensor::<Wire, 1>::from_primitive(TensorPrimitive::Float(p))
-                        .mul_scalar(1.0)
-                        .into_data()
-                        .to_vec::<f32>()
-                        .map_err(|e| format!("{e:?}"))
-                });
-                let _ = tx.send(out);
-            });
-            self.wait(rx, &format!("the exchange of {what}"), true)
+            self.exchange(values, &format!("the exchange of {what}"))
         }
     }
 
-    /// `host:port` → the port; a usage error naming the option otherwise.
-    fn port_of(addr: &str, option: &str) -> Result<u16, UsageError> {
+    impl Peer {
+        /// The all-reduce (a sum) of `values` over every peer; `during` names it in errors.
+        fn exchange(&self, values: Vec<f32>, during: &str) -> Result<Vec<f32>, PlacementError> {
+            let (tx, rx) = mpsc::channel();
+            let id = PeerId::from(self.rank);
+            // Over several nodes: this exchange's session.
+            let session = match &self.sessions {
+                Some(s) => {
+                    let mut opened = s
+                        .opened
+                        .lock()
+                        .map_err(|_| PlacementError::Collective("a local peer panicked".into()))?;
+                    let number = *opened;
+                    *opened += 1;
+                    let parity = (number % 2) as usize;
+                    Some(Session {
+                        number,
+                        config: s.configs[parity].clone(),
+                        port: s.ports[parity],
+                        herald: s.herald,
+                        left: s.left.clone(),
+                        deadline: Instant::now() + s.timeout,
+                        nodes: s.nodes,
+                    })
+                }
+                None => None,
+            };
+            // On its own thread, so that a collective that never returns cannot hang us.
+            std::thread::spawn(move || {
+                let _ = tx.send(match session {
+                    Some(session) => session.run(id, values),
+                    None => reduce(id, values),
+                });
+            });
+            self.wait(rx, during)
+        }
+    }
+
+    /// `host:port` → the host and the port; a usage error naming the option otherwise.
+    fn host_port(addr: &str, option: &str) -> Result<(String, u16), UsageError> {
         addr.rsplit_once(':')
-            .and_then(|(_, p)| p.parse().ok())
+            .and_then(|(h, p)| Some((h.to_string(), p.parse().ok()?)))
             .ok_or_else(|| UsageError(format!("{option} {addr}: expected HOST:PORT")))
     }
 
@@ -321,38 +466,93 @@ mod imp {
         Address::from_str(&url).map_err(|e| UsageError(format!("{addr}: {e}")))
     }
 
-    /// The burn-collective configuration every local peer of this node registers with.
-    fn config(args: &PlacementArgs) -> Result<CollectiveConfig, UsageError> {
-        let mut c = CollectiveConfig::default().with_num_devices(args.peers as usize);
-        if let Some(coord) = &args.coordinator {
-            let port = port_of(coord, "--coordinator")?;
-            let node = match &args.node_address {
-                Some(a) => a.clone(),
-                None => {
-                    let p = u32::from(port) + 1 + args.node_rank;
-                    let p = u16::try_from(p).map_err(|_| {
-                        UsageError(format!("no default --node-address above port {port}"))
-                    })?;
-                    format!("127.0.0.1:{p}")
-                }
-            };
-            c = c
-                .with_num_nodes(args.nodes)
-                .with_global_address(ws(coord)?)
-                .with_node_address(ws(&node)?)
-                .with_data_service_port(port_of(&node, "--node-address")?);
-        }
-        Ok(c)
+    /// The burn-collective registration of this node's local peers: one, or over several
+    /// nodes those of even and of odd sessions (coordinator and tensor service one port up),
+    /// each with its tensor-service port. Over several nodes, the herald is a local peer too.
+    fn configs(args: &PlacementArgs) -> Result<Vec<(CollectiveConfig, u16)>, UsageError> {
+        let local = args.peers as usize;
+        let Some(coord) = &args.coordinator else {
+            return Ok(vec![(
+                CollectiveConfig::default().with_num_devices(local),
+                0,
+            )]);
+        };
+        let base = CollectiveConfig::default().with_num_devices(local + 1);
+        let (coord_host, coord_port) = host_port(coord, "--coordinator")?;
+        let (node_host, node_port) = match &args.node_address {
+            Some(a) => host_port(a, "--node-address")?,
+            None => {
+                let p = u32::from(coord_port) + 2 + 2 * args.node_rank;
+                let p = u16::try_from(p).map_err(|_| {
+                    UsageError(format!("no default --node-address above port {coord_port}"))
+                })?;
+                ("127.0.0.1".to_string(), p)
+            }
+        };
+        let next = |p: u16, option: &str| {
+            p.checked_add(1)
+                .ok_or_else(|| UsageError(format!("{option}: port {p} has no next port")))
+        };
+        let odd = (
+            next(coord_port, "--coordinator")?,
+            next(node_port, "--node-address")?,
+        );
+        [(coord_port, node_port), odd]
+            .into_iter()
+            .map(|(coord_port, data_port)| {
+                let config = base
+                    .clone()
+                    .with_num_nodes(args.nodes)
+                    .with_global_address(ws(&format!("{coord_host}:{coord_port}"))?)
+                    .with_node_address(ws(&format!("{node_host}:{data_port}"))?)
+                    .with_data_service_port(data_port);
+                Ok((config, data_port))
+            })
+            .collect()
     }
 
-    /// burn-collective's orchestrator on `port`, on a thread of its own for the process's life.
+    /// Keeps burn-collective's network stack from flooding the terminal: its log (INFO on
+    /// stdout otherwise) shows errors only, on stderr; a panic of one of its network tasks (a
+    /// peer that went away resets a connection) is one line, not a backtrace — the exchange
+    /// waiting on it reports the failure with its deadline.
+    fn quiet_network() {
+        let _ = tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_max_level(tracing_subscriber::filter::LevelFilter::ERROR)
+            .try_init();
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let file = info.location().map(|l| l.file()).unwrap_or("");
+            if file.contains("burn-collective") || file.contains("burn-communication") {
+                let message = info
+                    .payload()
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| info.payload().downcast_ref::<&str>().copied())
+                    .unwrap_or("(no message)");
+                eprintln!("note: a burn-collective network task stopped: {message}");
+            } else {
+                default(info);
+            }
+        }));
+    }
+
+    /// burn-collective's orchestrators for even and odd sessions on `port` and `port + 1`,
+    /// on a thread of their own for the process's life.
     fn start_coordinator(port: u16) -> Result<()> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .context("starting the coordinator's runtime")?;
-        std::thread::spawn(move || rt.block_on(burn_collective::start_global_orchestrator(port)));
+        let odd = port
+            .checked_add(1)
+            .ok_or_else(|| UsageError(format!("--coordinator: port {port} has no next port")))?;
+        for port in [port, odd] {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .context("starting the coordinator's runtime")?;
+            std::thread::spawn(move || {
+                rt.block_on(burn_collective::start_global_orchestrator(port))
+            });
+        }
         Ok(())
     }
 
@@ -365,10 +565,15 @@ mod imp {
     ) -> Result<()> {
         let local = args.peers as usize;
         let peers = local * args.nodes as usize;
-        let config = config(args)?;
-        if let (Some(coord), 0) = (&args.coordinator, args.node_rank) {
-            start_coordinator(port_of(coord, "--coordinator")?)?;
+        let configs = configs(args)?;
+        if args.coordinator.is_some() {
+            quiet_network();
         }
+        if let (Some(coord), 0) = (&args.coordinator, args.node_rank) {
+            start_coordinator(host_port(coord, "--coordinator")?.1)?;
+        }
+        // Over several nodes, the local peers and the herald leave each session together.
+        let left = Arc::new(Barrier::new(local + 1));
         let board = Arc::new(Board::default());
         let timeout = Duration::from_secs(args.peer_timeout);
         let others = match args.nodes {
@@ -386,9 +591,20 @@ mod imp {
                         timeout,
                         board: board.clone(),
                         others: others.clone(),
-                        nodes: args.nodes,
+                        sessions: match &configs[..] {
+                            [(even, p), (odd, q)] => Some(Sessions {
+                                configs: [even.clone(), odd.clone()],
+                                ports: [*p, *q],
+                                herald: (i == 0).then(|| PeerId::from(u32::MAX - args.node_rank)),
+                                opened: Mutex::new(0),
+                                left: left.clone(),
+                                timeout,
+                                nodes: args.nodes as usize,
+                            }),
+                            _ => None,
+                        },
                     };
-                    let config = config.clone();
+                    let config = configs[0].0.clone();
                     let board = &board;
                     let backend = devices.get(i).copied().unwrap_or(match exp.backend {
                         BackendKind::Cuda(index) => BackendKind::Cuda(index + i),
@@ -423,12 +639,28 @@ mod imp {
         results.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
     }
 
-    /// Registers `peer` with burn-collective (with its deadline).
+    /// Registers `peer` with burn-collective (with its deadline). Over several nodes, the
+    /// meeting is session 0: every peer puts a one in its own slot, and every slot must sum
+    /// to one.
     fn register(
         peer: &Peer,
         config: CollectiveConfig,
         meeting: &str,
     ) -> Result<(), PlacementError> {
+        if peer.sessions.is_some() {
+            let mut mine = vec![0.0; peer.peers];
+            mine[peer.rank] = 1.0;
+            let slots = peer.exchange(mine, meeting)?;
+            if slots.iter().any(|&c| c != 1.0) {
+                return Err(PlacementError::Collective(format!(
+                    "peer {} of {}: {meeting} found the peers {slots:?}, not one of each: \
+                     were all nodes started with the same --nodes and --peers, and distinct \
+                     --node-rank?",
+                    peer.rank, peer.peers
+                )));
+            }
+            return Ok(());
+        }
         let (tx, rx) = mpsc::channel();
         let id = PeerId::from(peer.rank);
         std::thread::spawn(move || {
@@ -436,7 +668,7 @@ mod imp {
                 .map_err(|e| format!("{e:?}"));
             let _ = tx.send(r);
         });
-        peer.wait(rx, meeting, false)
+        peer.wait(rx, meeting)
     }
 
     /// One measured exchange: (label, values, buffer bytes per peer, median ms or why not).
@@ -454,7 +686,7 @@ mod imp {
                         timeout: Duration::from_secs(600),
                         board: board.clone(),
                         others: "another peer of this process".into(),
-                        nodes: 1,
+                        sessions: None,
                     });
                     let config = config.clone();
                     s.spawn(move || -> Result<Vec<ExchangeRow>> {
@@ -605,7 +837,7 @@ mod imp {
                 timeout,
                 board: board.clone(),
                 others: "another peer of this process".into(),
-                nodes: 1,
+                sessions: None,
             };
             (p, board)
         }
@@ -622,7 +854,7 @@ mod imp {
                 &self,
                 rx: mpsc::Receiver<Result<(), String>>,
             ) -> Result<(), PlacementError> {
-                self.wait(rx, "the exchange of test values", true)
+                self.wait(rx, "the exchange of test values")
             }
         }
     }
