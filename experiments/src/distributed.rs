@@ -225,8 +225,6 @@ mod imp {
         opened: Mutex<u64>,
         /// The local peers of this node and its herald, who leave a session together.
         left: Arc<Barrier>,
-        /// How long a session may take (the peer's deadline).
-        timeout: Duration,
         /// Nodes in the run: burn-collective's ring all-reduce needs as many values.
         nodes: usize,
     }
@@ -433,7 +431,7 @@ mod imp {
                         port: s.ports[parity],
                         herald: s.herald,
                         left: s.left.clone(),
-                        deadline: Instant::now() + s.timeout,
+                        deadline: Instant::now() + self.timeout,
                         nodes: s.nodes,
                     })
                 }
@@ -598,7 +596,6 @@ mod imp {
                                 herald: (i == 0).then(|| PeerId::from(u32::MAX - args.node_rank)),
                                 opened: Mutex::new(0),
                                 left: left.clone(),
-                                timeout,
                                 nodes: args.nodes as usize,
                             }),
                             _ => None,

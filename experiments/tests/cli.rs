@@ -372,21 +372,27 @@ fn free_ports(n: u16) -> u16 {
     panic!("no {n} consecutive free ports on the loopback")
 }
 
-/// `--nodes 2` placement options for node `rank`, meeting at `coord` (the nodes' tensor
-/// services at their default addresses, `coord + 2 + 2 × rank`).
+/// `rlany run f --no-warm-cache`, then `extra`, then the `--nodes 2` placement options for node
+/// `rank`, meeting at `coord` (the nodes' tensor services at their default addresses,
+/// `coord + 2 + 2 × rank`).
 #[cfg(feature = "distributed")]
-fn node_args(rank: u32, coord: u16, timeout: u32) -> Vec<String> {
-    [
-        "--nodes".to_string(),
-        "2".into(),
-        "--node-rank".into(),
-        rank.to_string(),
-        "--coordinator".into(),
-        format!("127.0.0.1:{coord}"),
-        "--peer-timeout".into(),
-        timeout.to_string(),
-    ]
-    .to_vec()
+fn node_run(f: &str, extra: &[String], rank: u32, coord: u16, timeout: u32) -> Vec<String> {
+    let mut args: Vec<String> = ["run", f, "--no-warm-cache"].map(String::from).to_vec();
+    args.extend_from_slice(extra);
+    args.extend(
+        [
+            "--nodes",
+            "2",
+            "--node-rank",
+            &rank.to_string(),
+            "--coordinator",
+            &format!("127.0.0.1:{coord}"),
+            "--peer-timeout",
+            &timeout.to_string(),
+        ]
+        .map(String::from),
+    );
+    args
 }
 
 /// Starts node 1 of a two-node run of `args` in the background (its stderr piped).
@@ -427,18 +433,12 @@ fn two_nodes(f: &str, runs: &Path, extra: &[&str]) -> (String, usize) {
         let checkpointed = std::fs::read_dir(seed.join("checkpoints"))
             .map(|mut d| d.next().is_some())
             .unwrap_or(false);
-        let with = |rank| {
-            let mut a: Vec<String> = ["run", f, "--no-warm-cache"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
-            if checkpointed {
-                a.extend(["--resume".to_string(), seed.to_string_lossy().into_owned()]);
-            }
-            a.extend(extra.iter().map(|s| s.to_string()));
-            a.extend(node_args(rank, coord, 20));
-            a
-        };
+        let mut options: Vec<String> = Vec::new();
+        if checkpointed {
+            options.extend(["--resume".to_string(), seed.to_string_lossy().into_owned()]);
+        }
+        options.extend(extra.iter().map(|s| s.to_string()));
+        let with = |rank| node_run(f, &options, rank, coord, 20);
         let other = spawn_node(&with(1), &runs.with_extension("node-1"));
         let args0 = with(0);
         let args0: Vec<&str> = args0.iter().map(String::as_str).collect();
@@ -517,14 +517,7 @@ fn a_killed_node_stops_the_other_with_a_clear_error() {
     let mut attempt = 0;
     let (node, mut other) = loop {
         let coord = free_ports(6);
-        let with = |rank| {
-            let mut a: Vec<String> = ["run", f.as_str(), "--no-warm-cache"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
-            a.extend(node_args(rank, coord, 5));
-            a
-        };
+        let with = |rank| node_run(&f, &[], rank, coord, 5);
         let _ = std::fs::remove_dir_all(&runs);
         let mut node = spawn_node(&with(0), &runs);
         let mut other = spawn_node(&with(1), &dir.join("node-1-runs"));

@@ -188,13 +188,12 @@ impl Placement {
         };
         let (peers, rank) = (self.peers(), self.rank());
         let kind: String = what.chars().filter(|ch| !ch.is_ascii_digit()).collect();
-        let widths = |f: &mut dyn FnMut(&mut std::collections::HashMap<String, usize>)| {
-            if let Ok(mut w) = self.1.widths.lock() {
-                f(&mut w);
-            }
-        };
-        let mut guess = 0;
-        widths(&mut |w| guess = w.get(&kind).copied().unwrap_or(0));
+        let widths = &self.1.widths;
+        let guess = widths
+            .lock()
+            .ok()
+            .and_then(|w| w.get(&kind).copied())
+            .unwrap_or(0);
         // [lengths: 2 per peer | rows: `guess` per peer]
         let mut buf = vec![0.0f32; 2 * peers + peers * guess];
         buf[2 * rank] = (mine.len() >> 16) as f32;
@@ -209,9 +208,9 @@ impl Placement {
             .map(|h| ((h[0] as usize) << 16) | h[1] as usize)
             .collect();
         let width = lens.iter().copied().max().unwrap_or(0);
-        widths(&mut |w| {
-            w.insert(kind.clone(), width);
-        });
+        if let Ok(mut w) = widths.lock() {
+            w.insert(kind, width);
+        }
         let rows_of = |slots: &[f32], stride: usize| -> Vec<Vec<f32>> {
             lens.iter()
                 .enumerate()
