@@ -44,7 +44,9 @@
 //! - **magnitude**: each operand rounds its digit count with its own uniform (the `sizes`
 //!   stream, one per operand). The *first* operand has one digit more (`k + 1`), so the
 //!   running value has at least two digits from the start and a subtraction can borrow even
-//!   with one-digit operands. With `D = 1` this dimension does nothing.
+//!   with one-digit operands; `longer_first: false` draws it like the others (a chain of
+//!   one-digit numbers at `D = 1`, for a pretrained model that cannot yet add two-digit
+//!   numbers). With `D = 1` this dimension does nothing.
 //! - **carries**: the columns of a line are counted the way the flawed expert slips (see
 //!   "Flawed expert" below): column `c` of `a + b` *carries* iff `a_c + b_c ≥ 10` (digits,
 //!   without the incoming carry), column `c` of `a − b` *borrows* iff `a_c < b_c`; a line *needs a
@@ -111,9 +113,11 @@
 //!
 //! # Oracle labels ([`OracleMode`])
 //!
-//! A computation line is parsed strictly as `a<op>b=c` (no spaces; `b` a non-negative
-//! integer, `a` and `c` integers with an optional leading `-`, since a running value can go
-//! negative after a slip; at most 18 digits each, so nothing overflows). *Locally* it is
+//! A computation line is parsed as `a<op>b=c` (spaces or tabs allowed around the operator
+//! and the `=`, never inside a number; `b` a non-negative integer, `a` and `c` integers with
+//! an optional leading `-`, since a running value can go negative after a slip; at most 18
+//! digits each, so nothing overflows); an answer line as `A:<value>`, or `A:` followed by a
+//! computation line whose `c` is the value (`A: 5 + 2 = 7`). *Locally* it is
 //! correct iff `op`/`b` are the next operator/operand of the chain, `a` equals the current
 //! value (the first operand, then the `c` of the last well-formed computation line: the
 //! policy's own running value, even if wrong) and `c == a op b`. The answer line is locally
@@ -221,6 +225,10 @@ pub struct ArithConfig {
     pub max_digits: u32,
     /// How the oracle labels lines after the first error.
     pub oracle: OracleMode,
+    /// Whether the first operand has one digit more than the others (the default, so that
+    /// a subtraction can borrow even with one-digit operands); `false` draws it like the
+    /// others (`3+5-2` at `max_digits: 1`, sums a small pretrained model can do).
+    pub longer_first: bool,
 }
 
 impl Default for ArithConfig {
@@ -229,6 +237,7 @@ impl Default for ArithConfig {
             max_operands: 8,
             max_digits: 2,
             oracle: OracleMode::Strict,
+            longer_first: true,
         }
     }
 }
@@ -259,13 +268,16 @@ pub struct ArithSpec {
     /// Longest Train/Eval chain (operands) at `operands = 1`; OOD chains have 1 or 2 more.
     /// In `2..=64`.
     pub max_operands: usize,
-    /// Most digits per operand at `magnitude = 1` (`1..=3`; the first operand has one more).
+    /// Most digits per operand at `magnitude = 1` (`1..=3`; the first operand has one more
+    /// unless `longer_first` is `false`).
     pub max_digits: u32,
     /// Starting difficulty of every task slot, one value in `[0, 1]` per dimension
     /// (`operands`, `magnitude`, `carries`).
     pub difficulty: Vec<f64>,
     /// How the oracle labels lines after the first error (`Strict` or `Local`).
     pub oracle: OracleMode,
+    /// Whether the first operand has one digit more than the others (default `true`).
+    pub longer_first: bool,
 }
 
 impl Default for ArithSpec {
@@ -276,6 +288,7 @@ impl Default for ArithSpec {
             max_digits: cfg.max_digits,
             difficulty: vec![0.2, 0.2, 0.2],
             oracle: cfg.oracle,
+            longer_first: cfg.longer_first,
         }
     }
 }
@@ -287,6 +300,7 @@ impl ArithSpec {
             max_operands: self.max_operands,
             max_digits: self.max_digits,
             oracle: self.oracle,
+            longer_first: self.longer_first,
         }
     }
 }
@@ -325,6 +339,7 @@ impl Arith {
                 max_operands: cfg.max_operands.clamp(OPERANDS_RANGE.0, OPERANDS_RANGE.1),
                 max_digits: cfg.max_digits.clamp(DIGITS_RANGE.0, DIGITS_RANGE.1),
                 oracle: cfg.oracle,
+                longer_first: cfg.longer_first,
             },
         }
     }
@@ -412,7 +427,9 @@ impl Arith {
             }
             u
         };
-        let k0 = 2 + draw::stochastic_round(extra_digits, size_rng.uniform());
+        let k0 = 1
+            + usize::from(self.cfg.longer_first)
+            + draw::stochastic_round(extra_digits, size_rng.uniform());
         let mut value = first_operand(k0, &digit_draws());
         let mut operands = Vec::with_capacity(n);
         let mut ops = Vec::with_capacity(n - 1);
@@ -709,11 +726,13 @@ fn parse_line(s: &str) -> Option<Line> {
     (i == bytes.len()).then_some(Line { a, op, b, c })
 }
 
-/// The value of an answer line `A:<value>` (spaces allowed after `A`, after `:`: `A: 80`).
+/// The value of an answer line `A:<value>` (spaces allowed after `A`, after `:`: `A: 80`),
+/// or of `A:` followed by a computation line, whose result is the value (`A: 5 + 2 = 7`, a
+/// chat model restating its last line); `Some(None)` for any other text after `A:`.
 fn parse_answer(s: &str) -> Option<Option<i64>> {
     let rest = s.strip_prefix('A')?.trim_start_matches([' ', '\t']);
-    let rest = rest.strip_prefix(':')?;
-    Some(parse_int(rest.trim_start_matches([' ', '\t'])))
+    let rest = rest.strip_prefix(':')?.trim_start_matches([' ', '\t']);
+    Some(parse_int(rest).or_else(|| parse_line(rest).map(|line| line.c)))
 }
 
 /// Sorted, deduplicated.
@@ -917,11 +936,14 @@ impl ArithEpisode {
 }
 
 /// What a pretrained chat model is told before the chain (see [`Episode::instructions`]).
+/// The worked example teaches the form (without one, SmolLM2-135M answers `A + 1`); the
+/// last sentence is there because it otherwise copies the example's `A: 44` (README,
+/// "Pretrained models", has the phrasings measured).
 const INSTRUCTIONS: &str = "Evaluate the chain of additions and subtractions below strictly \
 from left to right, one operation per reply. Each reply is one line `<running> <op> <operand> = <result>`. \
 After each line I answer `>` followed by the next operation to do, or `>A` when none is left; then reply \
 `A: <value>` with the final value. For example, for the chain `47+5-8` you reply `47 + 5 = 52`, I answer \
-`>-8`, you reply `52 - 8 = 44`, I answer `>A`, and you reply `A: 44`.";
+`>-8`, you reply `52 - 8 = 44`, I answer `>A`, and you reply `A: 44`. The final value is the result of your own last line.";
 
 impl Episode for ArithEpisode {
     fn prompt(&self) -> String {
@@ -1022,6 +1044,7 @@ mod tests {
             max_operands: 6,
             max_digits: 3,
             oracle,
+            longer_first: true,
         });
         ArithEpisode::new(operands, ops, env.max_action_chars(), oracle)
     }
@@ -1044,6 +1067,7 @@ mod tests {
             max_operands,
             max_digits,
             oracle: OracleMode::Strict,
+            longer_first: true,
         })
     }
 
@@ -1370,6 +1394,47 @@ mod tests {
     }
 
     #[test]
+    fn a_first_operand_as_short_as_the_others() {
+        let env = Arith::new(ArithConfig {
+            max_operands: 2,
+            max_digits: 1,
+            longer_first: false,
+            ..ArithConfig::default()
+        });
+        let mut subtractions = 0;
+        for seed in 0..500 {
+            for split in [Split::Train, Split::Eval, Split::Ood] {
+                let ep = env.sample_episode(&[1.0; 3], split, seed);
+                // One-digit operands only, the first included; OOD chains are 3–4 long.
+                assert!(ep.operands.iter().all(|&x| (0..=9).contains(&x)));
+                assert!((1..=9).contains(&ep.operands[0]));
+                let n = ep.n_operands();
+                assert!(if split == Split::Ood {
+                    n == 3 || n == 4
+                } else {
+                    n == 2
+                });
+                // The running value never goes negative.
+                let mut v = ep.operands[0];
+                for (&op, &b) in ep.ops.iter().zip(&ep.operands[1..]) {
+                    v = apply(v, op, b).expect("small");
+                    assert!(v >= 0);
+                    subtractions += usize::from(op == Op::Sub);
+                }
+            }
+        }
+        assert!(subtractions > 500);
+        // The other draws are the default's: only the first operand changes.
+        let longer = new_env(2, 1);
+        let (a, b) = (
+            env.sample_episode(&[0.0; 3], Split::Train, 7),
+            longer.sample_episode(&[0.0; 3], Split::Train, 7),
+        );
+        assert_eq!(a.ops, b.ops);
+        assert!((10..=99).contains(&b.operands[0]));
+    }
+
+    #[test]
     fn difficulty_mapping() {
         let env = new_env(6, 2);
         let mut saw = [false; 2];
@@ -1673,13 +1738,15 @@ mod tests {
             max_operands: 0,
             max_digits: 9,
             oracle: OracleMode::Local,
+            longer_first: false,
         });
         assert_eq!(
             env.config(),
             ArithConfig {
                 max_operands: 2,
                 max_digits: 3,
-                oracle: OracleMode::Local
+                oracle: OracleMode::Local,
+                longer_first: false,
             }
         );
         assert_eq!(
@@ -1738,6 +1805,11 @@ mod tests {
         assert_eq!(parse_answer("A: 80"), Some(Some(80)));
         assert_eq!(parse_answer("A : -7"), Some(Some(-7)));
         assert_eq!(parse_answer("A: 8 0"), Some(None));
+        // A restated computation line: its result is the answer, right or wrong.
+        assert_eq!(parse_answer("A: 5 + 2 = 7"), Some(Some(7)));
+        assert_eq!(parse_answer("A:12-5=8"), Some(Some(8)));
+        assert_eq!(parse_answer("A: 5 + 2 = 7, done"), Some(None));
+        assert_eq!(parse_answer("A: 5 + 2"), Some(None));
         assert_eq!(parse_answer("Answer: 80"), None);
         // Played through an episode: the spaced lines score exactly like the compact ones.
         let mut ep = episode("47+5-8");
@@ -1765,6 +1837,7 @@ mod tests {
                 } else {
                     OracleMode::Local
                 },
+                longer_first: rng.bernoulli(0.5),
             });
             let split = [Split::Train, Split::Eval, Split::Ood][rng.below(3)];
             let d = random_difficulty(&mut rng);
