@@ -943,7 +943,8 @@ const INSTRUCTIONS: &str = "Evaluate the chain of additions and subtractions bel
 from left to right, one operation per reply. Each reply is one line `<running> <op> <operand> = <result>`. \
 After each line I answer `>` followed by the next operation to do, or `>A` when none is left; then reply \
 `A: <value>` with the final value. For example, for the chain `47+5-8` you reply `47 + 5 = 52`, I answer \
-`>-8`, you reply `52 - 8 = 44`, I answer `>A`, and you reply `A: 44`. The final value is the result of your own last line.";
+`>-8`, you reply `52 - 8 = 44`, I answer `>A`, and you reply `A: 44`. The final value is the result \
+of your own last line.";
 
 impl Episode for ArithEpisode {
     fn prompt(&self) -> String {
