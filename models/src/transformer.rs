@@ -1979,6 +1979,42 @@ mod tests {
     }
 
     #[test]
+    fn a_prefix_read_once_gives_every_row_its_own_generation() {
+        // 20 shared tokens (the path that reads them once), then remainders of 1, 4 and 9
+        // tokens and one prompt that is the prefix plus a single token.
+        let prefix: Vec<u32> = (0..20).map(|i| 10 + (i * 7) % 80).collect();
+        let prompts: Vec<Vec<u32>> = [vec![5], vec![6, 7, 8, 9], vec![3; 9], vec![11]]
+            .into_iter()
+            .map(|rest| prefix.iter().copied().chain(rest).collect())
+            .collect();
+        for config in [tiny(), tiny().with_qkv_bias(true)] {
+            let model = model(&config, 31);
+            let p = params(0.0, 1.0, 6, vec![4]);
+            let mut contexts = model.contexts(prompts.len());
+            let rows: Vec<usize> = (0..prompts.len()).collect();
+            let first = model.extend(&mut contexts, &rows, &prompts, &p, &mut Rng::new(1));
+            // A second turn on the kept contexts: the rows' positions and masks after the
+            // shared read are right.
+            let appended: Vec<Vec<u32>> = vec![vec![70, 71], vec![72], vec![73, 74, 75], vec![76]];
+            let second = model.extend(&mut contexts, &rows, &appended, &p, &mut Rng::new(1));
+            for r in rows {
+                let alone = model.generate(std::slice::from_ref(&prompts[r]), &p, &mut Rng::new(1));
+                assert_eq!(alone[0].tokens, first[r].tokens, "row {r}");
+                assert!(max_abs_diff(&alone[0].logprobs, &first[r].logprobs) <= 1e-4);
+                let whole: Vec<u32> = prompts[r]
+                    .iter()
+                    .chain(&first[r].tokens)
+                    .chain(&appended[r])
+                    .copied()
+                    .collect();
+                let alone = model.generate(std::slice::from_ref(&whole), &p, &mut Rng::new(1));
+                assert_eq!(alone[0].tokens, second[r].tokens, "row {r}, second turn");
+                assert!(max_abs_diff(&alone[0].logprobs, &second[r].logprobs) <= 1e-4);
+            }
+        }
+    }
+
+    #[test]
     fn turns_on_kept_contexts_equal_generation_from_the_whole_context() {
         for (config, temperature) in [(tiny(), 0.0), (tiny().with_qkv_bias(true), 1.0)] {
             let model = model(&config, 28);
