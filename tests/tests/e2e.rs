@@ -686,11 +686,11 @@ fn resume_options(run: &Path) -> rlany_framework::TrainOptions {
     }
 }
 
-/// `experiments/pretrained/<file>` with every pretrained source pointed at `model` (the
-/// file's paths are relative to the repository root; tests run in tests/).
+/// `experiments/<file>` with every pretrained source pointed at `model` (the file's paths are
+/// relative to the repository root; tests run in tests/).
 fn shipped_pretrained(file: &str, model: &Path) -> rlany::Experiment {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut exp = rlany::Experiment::load(&root.join("experiments/pretrained").join(file))
+    let mut exp = rlany::Experiment::load(&root.join("experiments").join(file))
         .unwrap_or_else(|e| panic!("{file}: {e}"));
     let judge = exp.judge.model_mut().map(|j| &mut j.model);
     for source in std::iter::once(&mut exp.policy.model).chain(judge) {
@@ -706,7 +706,7 @@ fn shipped_pretrained(file: &str, model: &Path) -> rlany::Experiment {
 #[test]
 fn pretrained_smollm2_closed_loop_smoke() {
     let Some(model) = smollm2() else { return };
-    let exp = shipped_pretrained("smollm2_arith.ron", &model);
+    let exp = shipped_pretrained("pretrained/smollm2_arith.ron", &model);
     let dir = scratch("smollm2");
     let runs = dir.join("runs").to_string_lossy().into_owned();
     let file = write(&dir, "p.ron", &exp.to_ron());
@@ -767,7 +767,7 @@ fn tiny_pretrained_budget(exp: &mut rlany::Experiment) {
 #[test]
 fn pretrained_lora_run_resumes_exactly() {
     let Some(model) = smollm2() else { return };
-    let mut exp = shipped_pretrained("smollm2_arith_lora.ron", &model);
+    let mut exp = shipped_pretrained("pretrained/smollm2_arith_lora.ron", &model);
     let judge = exp.judge.model().map(|j| &j.model);
     for source in std::iter::once(&exp.policy.model).chain(judge) {
         if let rlany_framework::experiment::ModelSource::Pretrained(p) = source {
@@ -833,6 +833,38 @@ fn pretrained_lora_run_resumes_exactly() {
     }
 }
 
+/// The PPO-alone suite on SmolLM2 (`experiments/ablation/smollm2-ppo/`: no judge, the
+/// outcome the only reward) runs each row one step with a tiny budget: no judge metric, a
+/// step-0 evaluation, a PPO step. Skipped with a message when the model has not been fetched.
+#[test]
+fn pretrained_ppo_alone_rows_smoke() {
+    let Some(model) = smollm2() else { return };
+    for row in ["0_lr_1e-4.ron", "1_lr_1e-3.ron"] {
+        let mut exp = shipped_pretrained(&format!("ablation/smollm2-ppo/{row}"), &model);
+        assert!(exp.judge.model().is_none(), "{row}: outcome only");
+        tiny_pretrained_budget(&mut exp);
+        exp.budget.steps = 1;
+        exp.budget.eval_every = 1;
+        let dir = scratch("smollm2-ppo");
+        let runs = dir.join("runs").to_string_lossy().into_owned();
+        let file = write(&dir, "p.ron", &exp.to_ron());
+        assert_eq!(
+            rlany(&["run", &file, "--runs-dir", &runs, "--no-progress"]),
+            0,
+            "{row}"
+        );
+        let m = metrics(&dir.join("runs").join(&exp.name).join("seed-1"));
+        assert_eq!(m.len(), 2, "{row}: {m:?}");
+        assert!(m[0].get("eval/acc_id").is_some(), "{row}");
+        assert!(m[1].get("compute/rollouts").is_some(), "{row}");
+        assert!(
+            m.iter().all(|l| l.get("judge/verdict_pos_rate").is_none()),
+            "{row}: no judge"
+        );
+        let _ = fs::remove_dir_all(dir);
+    }
+}
+
 /// The pretrained quickstart (SmolLM2 with LoRA adapters: a supervised warm start of the
 /// policy's adapters, then PPO) runs one step with a tiny budget; its warm start trains the
 /// adapters (a finite loss) and the step-0 evaluation follows it. Skipped with a message when
@@ -840,7 +872,7 @@ fn pretrained_lora_run_resumes_exactly() {
 #[test]
 fn pretrained_quickstart_smoke() {
     let Some(model) = smollm2() else { return };
-    let mut exp = shipped_pretrained("smollm2_quickstart.ron", &model);
+    let mut exp = shipped_pretrained("pretrained/smollm2_quickstart.ron", &model);
     assert!(
         exp.policy.warm_start.steps > 0,
         "the file warm-starts the policy"
