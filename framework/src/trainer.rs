@@ -389,8 +389,6 @@ struct Run<'a, B: AutodiffLogProbOps, M: AutodiffModule<B>> {
     synthetic: Option<SyntheticJudge>,
     /// The fixed, balanced pool of labelled steps the judge is measured on.
     judge_pool: Vec<(Vec<u32>, bool)>,
-    /// The pre-update policy of the current step (rollouts and PPO's old log-probs).
-    old_policy: Option<M::InnerModule>,
     state: TrainerState,
     /// Rollout sampling (one step = one line).
     params: SampleParams,
@@ -453,7 +451,6 @@ where
             judge_reference: None,
             synthetic,
             judge_pool: Vec::new(),
-            old_policy: None,
             state,
             params,
             summary: RunSummary::default(),
@@ -705,7 +702,6 @@ where
             &self.opts.placement,
         )?;
         pb.finish_and_clear();
-        self.old_policy = Some(old);
         batch.timings.rollout_s = t.elapsed().as_secs_f64();
         env_ok(self.env, batch.step)?;
         if batch.trajs.iter().any(|t| !t.finite) {
@@ -794,17 +790,11 @@ where
     /// Phase 6a: the policy's PPO update against its pre-update self (or the reference).
     fn policy_update(&mut self, batch: &mut StepBatch) -> Result<(), TrainError> {
         let t = Instant::now();
-        let old = self
-            .old_policy
-            .take()
-            .unwrap_or_else(|| self.policy.valid());
-        let target = self.reference.as_ref().unwrap_or(&old);
         let params = self.update_params();
         let (policy, stats) = ppo_update(
             self.policy.clone(),
             &mut self.policy_optim,
-            &old,
-            target,
+            self.reference.as_ref(),
             &batch.policy_samples,
             &params,
             &mut self.state.policy_mb_rng,
@@ -829,18 +819,15 @@ where
         let Some(judge) = self.judge.take() else {
             return Ok(());
         };
-        let old = judge.valid();
         let params = UpdateParams {
             lr: spec.lr,
             minibatches: self.cfg.ppo.judge_updates,
             ..self.update_params()
         };
-        let target = self.judge_reference.as_ref().unwrap_or(&old);
         let (judge, stats) = ppo_update(
             judge,
             &mut self.judge_optim,
-            &old,
-            target,
+            self.judge_reference.as_ref(),
             &batch.judge_samples,
             &params,
             &mut self.state.judge_mb_rng,

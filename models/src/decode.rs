@@ -12,7 +12,7 @@
 //!    appends) are left-padded to one chunk and read in one pass over the cache. A pad is a
 //!    key masked for every later query, so rows of different lengths share one tensor; each
 //!    real token sits at its row's own next rotary position. On fresh contexts whose prompts
-//!    all start with the same [`SHARED_PREFIX_MIN`] tokens or more (a chat template's system
+//!    all start with the same `SHARED_PREFIX_MIN` = 16 tokens or more (a chat template's system
 //!    prompt and instructions; the samples of one task), that prefix is read once, as a
 //!    batch of one, and its K/V are copied to every row before the remainders are read: the
 //!    same values for a fraction of the arithmetic.
@@ -39,7 +39,7 @@ use rlany_framework::{Generation, Rng, SampleParams};
 use rlany_kernels::AttentionOps;
 
 use crate::transformer::{
-    KvCache, MASKED, PAD_ID, SHARED_PREFIX_MIN, Transformer, causal_bias, combine_bias,
+    KvCache, MASKED, PAD_ID, Transformer, causal_bias, combine_bias, shared_prefix_len,
 };
 
 /// The contexts of a batch of rows, kept between [`CausalLm::extend`] calls.
@@ -206,7 +206,12 @@ pub(crate) fn extend<B: AttentionOps>(
     // 2. Read: every row's new tokens, left-padded to one chunk, in one pass; what was
     // pending is in the chunks now.
     ctx.pending.iter_mut().for_each(|p| *p = None);
-    let shared = shared_prefix(&chunks, ctx.cache.is_empty());
+    // Only fresh contexts share a prefix: one that holds something reads its own tokens.
+    let shared = if ctx.cache.is_empty() {
+        shared_prefix_len(&chunks.iter().map(Vec::as_slice).collect::<Vec<_>>())
+    } else {
+        0
+    };
     if shared > 0 {
         let longest_rest = chunks.iter().map(|c| c.len() - shared).max().unwrap_or(0);
         // The prefix's buffers make room for the remainders and every decoded token.
@@ -330,29 +335,6 @@ fn sample_on_device<B: Backend>(
         .collect()
 }
 
-/// How many leading tokens every chunk shares, when fresh contexts (`fresh`: nothing cached)
-/// of two rows or more share [`SHARED_PREFIX_MIN`] or more; 0 otherwise. At most the shortest
-/// chunk's length − 1, so that every row reads a token of its own after the prefix (its last
-/// position's hidden state is where sampling starts).
-fn shared_prefix(chunks: &[Vec<u32>], fresh: bool) -> usize {
-    let Some((first, others)) = chunks.split_first() else {
-        return 0;
-    };
-    if !fresh || others.is_empty() {
-        return 0;
-    }
-    let shortest = chunks.iter().map(Vec::len).min().unwrap_or(0);
-    let common = (0..shortest)
-        .take_while(|&j| others.iter().all(|c| c[j] == first[j]))
-        .count()
-        .min(shortest.saturating_sub(1));
-    if common >= SHARED_PREFIX_MIN {
-        common
-    } else {
-        0
-    }
-}
-
 /// Reads `prefix` into every row of fresh contexts: once, as a batch of one (positions
 /// `0..prefix.len()`, causal mask only), then its K/V copied to each cached row; every row's
 /// next position is then `prefix.len()`.
@@ -367,11 +349,7 @@ fn read_shared_prefix<B: AttentionOps>(
     let ids: Vec<i64> = prefix.iter().map(|&id| i64::from(id)).collect();
     // [1, len]
     let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, len]), &device);
-    let positions = Tensor::<B, 2, Int>::from_data(
-        TensorData::new((0..len as i64).collect::<Vec<_>>(), [1, len]),
-        &device,
-    );
-    let (cos, sin) = model.rotary_at(positions);
+    let (cos, sin) = model.rotary_range(0, len);
     let bias = causal_bias::<B>(0, len, &device);
     // Only the K/V it writes are kept: [1, kv_heads, len, head_dim] per layer.
     let _ = model.forward_hidden(tokens, &cos, &sin, bias.as_ref(), Some(&mut ctx.cache));
@@ -425,29 +403,4 @@ fn read<B: AttentionOps>(
     model
         .forward_hidden(tokens, &cos, &sin, bias.as_ref(), Some(&mut ctx.cache))
         .narrow(1, width - 1, 1)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_prefix_is_shared_from_sixteen_common_tokens_on_fresh_rows() {
-        let head: Vec<u32> = (0..20).collect();
-        let with = |rest: &[u32]| -> Vec<u32> { head.iter().chain(rest).copied().collect() };
-        // 20 common tokens, then the rows differ.
-        assert_eq!(shared_prefix(&[with(&[1]), with(&[2, 3])], true), 20);
-        // A prompt that is the prefix itself keeps its last token to read: 19.
-        assert_eq!(shared_prefix(&[head.clone(), with(&[2, 3])], true), 19);
-        // Identical prompts: all but the last token.
-        assert_eq!(shared_prefix(&[with(&[9]), with(&[9])], true), 20);
-        // Rows that differ at token 15 share too little; one row, or contexts that already
-        // hold something, share nothing.
-        let mut early = with(&[1]);
-        early[15] = 99;
-        assert_eq!(shared_prefix(&[with(&[1]), early], true), 0);
-        assert_eq!(shared_prefix(&[with(&[1])], true), 0);
-        assert_eq!(shared_prefix(&[with(&[1]), with(&[2])], false), 0);
-        assert_eq!(shared_prefix(&[], true), 0);
-    }
 }

@@ -609,19 +609,43 @@ pub struct Transformer<B: Backend> {
 /// once instead of once per row (below it, the second pass costs more than it saves).
 pub const SHARED_PREFIX_MIN: usize = 16;
 
-/// Length of the longest prefix all rows of `tokens` share (read to the host: ids only).
+/// How many leading tokens every row shares, when two rows or more share
+/// [`SHARED_PREFIX_MIN`] or more; 0 otherwise. At most the shortest row's length − 1, so that
+/// every row keeps a position of its own after the prefix (the one whose hidden state is read
+/// last). The one rule for the training forward ([`Transformer::hidden_at`]) and generation
+/// (`decode.rs`).
+pub(crate) fn shared_prefix_len<T: PartialEq>(rows: &[&[T]]) -> usize {
+    let Some((first, others)) = rows.split_first() else {
+        return 0;
+    };
+    if others.is_empty() {
+        return 0;
+    }
+    let shortest = rows.iter().map(|r| r.len()).min().unwrap_or(0);
+    let common = (0..shortest)
+        .take_while(|&j| others.iter().all(|r| r[j] == first[j]))
+        .count()
+        .min(shortest.saturating_sub(1));
+    if common >= SHARED_PREFIX_MIN {
+        common
+    } else {
+        0
+    }
+}
+
+/// [`shared_prefix_len`] of the rows of `tokens` (their ids read to the host).
 ///
 /// # Shapes
-/// - `tokens`: `[batch, seq]`
-fn common_prefix<B: Backend>(tokens: &Tensor<B, 2, Int>) -> usize {
-    let [batch, seq] = tokens.dims();
+/// - `tokens`: `[batch, seq]`, `seq > 0`
+fn tokens_shared_prefix<B: Backend>(tokens: &Tensor<B, 2, Int>) -> usize {
+    let [_, seq] = tokens.dims();
     let ids = tokens.clone().into_data().convert::<i64>();
     let Ok(ids) = ids.to_vec::<i64>() else {
         return 0;
     };
-    (0..seq)
-        .take_while(|&j| (1..batch).all(|r| ids[r * seq + j] == ids[j]))
-        .count()
+    // [batch * seq] -> batch rows of seq
+    let rows: Vec<&[i64]> = ids.chunks(seq).collect();
+    shared_prefix_len(&rows)
 }
 
 /// Additive causal bias: query `i` (absolute position `cache_len + i`) sees keys
@@ -886,12 +910,13 @@ impl<B: AttentionOps> Transformer<B> {
     /// - output: `[positions.len(), d_model]`
     fn hidden_at(&self, tokens: Tensor<B, 2, Int>, positions: &[usize]) -> Tensor<B, 2> {
         let [batch, seq] = tokens.dims();
+        // Reading the ids to the host only where a prefix could be shared.
         let shared = if batch > 1 && seq > SHARED_PREFIX_MIN {
-            common_prefix(&tokens).min(seq - 1)
+            tokens_shared_prefix(&tokens)
         } else {
             0
         };
-        if shared < SHARED_PREFIX_MIN {
+        if shared == 0 {
             return select_positions(self.causal_hidden(tokens), positions);
         }
         let rest = seq - shared;
@@ -1044,7 +1069,7 @@ impl<B: AttentionOps> Transformer<B> {
     ///
     /// # Shapes
     /// - outputs: `[1, 1, seq, head_dim / 2]`
-    fn rotary_range(&self, start: usize, seq: usize) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    pub(crate) fn rotary_range(&self, start: usize, seq: usize) -> (Tensor<B, 4>, Tensor<B, 4>) {
         let half = self.config.head_dim() / 2;
         // [seq, half] -> [1, 1, seq, half]
         let cos = self
@@ -1591,6 +1616,43 @@ mod tests {
         assert_eq!(seq, 5);
     }
 
+    /// PPO's first minibatch reads the old policy's log-probs off the trained forward
+    /// (`ppo_update`), which is exact only if that forward gives the inference model's values
+    /// bit for bit: checked with LoRA adapters on every projection, q/k/v biases, and rows
+    /// sharing a prefix (the path computing it once).
+    #[test]
+    fn the_trained_forward_gives_the_inference_forwards_values_bit_for_bit() {
+        use burn::module::AutodiffModule;
+        type A = Autodiff<NdArray>;
+        let device = Default::default();
+        let shared: Vec<i64> = (0..20).map(|i| 3 + (i * 7) % 90).collect();
+        let mut ids = Vec::new();
+        for tail in [[40i64, 41, 42, 43], [40, 44, 45, 46], [60, 0, 0, 0]] {
+            ids.extend(shared.iter().copied());
+            ids.extend(tail);
+        }
+        let positions = vec![23usize, 3, 20, 47, 19, 48, 21, 71, 30, 55];
+        let mut spec = LoraSpec::default();
+        spec.target_modules = vec!["all-linear".into()];
+        let base = seeded::<A>(&tiny().with_qkv_bias(true), 5);
+        for model in [base.clone(), base.with_lora(&spec, &mut Rng::new(2))] {
+            let tokens =
+                Tensor::<A, 2, Int>::from_data(TensorData::new(ids.clone(), [3, 24]), &device);
+            let trained = model
+                .logits_at(tokens.clone(), &positions)
+                .into_data()
+                .to_vec::<f32>()
+                .expect("f32");
+            let inference = model
+                .valid()
+                .logits_at(tokens.inner(), &positions)
+                .into_data()
+                .to_vec::<f32>()
+                .expect("f32");
+            assert_eq!(trained, inference);
+        }
+    }
+
     /// `logits_at` (and `last_logits`) equal `forward`'s rows at the named positions (any
     /// order, repeats, the padding), with and without a prefix the rows share, and a loss on
     /// it gives every parameter the gradient the same loss on `forward` gives.
@@ -1976,6 +2038,27 @@ mod tests {
             assert_eq!(alone[0].tokens, g.tokens);
             assert!(max_abs_diff(&alone[0].logprobs, &g.logprobs) <= 1e-4);
         }
+    }
+
+    #[test]
+    fn a_prefix_is_shared_from_sixteen_common_tokens() {
+        let head: Vec<u32> = (0..20).collect();
+        let with = |rest: &[u32]| -> Vec<u32> { head.iter().chain(rest).copied().collect() };
+        let len = |rows: &[Vec<u32>]| {
+            shared_prefix_len(&rows.iter().map(Vec::as_slice).collect::<Vec<_>>())
+        };
+        // 20 common tokens, then the rows differ.
+        assert_eq!(len(&[with(&[1]), with(&[2, 3])]), 20);
+        // A row that is the prefix itself keeps its last token: 19.
+        assert_eq!(len(&[head.clone(), with(&[2, 3])]), 19);
+        // Identical rows: all but the last token.
+        assert_eq!(len(&[with(&[9]), with(&[9])]), 20);
+        // Rows that differ at token 15 share too little; one row, or none, shares nothing.
+        let mut early = with(&[1]);
+        early[15] = 99;
+        assert_eq!(len(&[with(&[1]), early]), 0);
+        assert_eq!(len(&[with(&[1])]), 0);
+        assert_eq!(len(&[]), 0);
     }
 
     #[test]

@@ -106,6 +106,18 @@ fn run_file(dir: &Path, file: &str, text: &str, name: &str, extra: &[&str]) -> (
     (rlany(&args), runs.join(name).join("seed-3"))
 }
 
+/// Runs seed 1 of `exp` with `extra` arguments in a scratch folder named `what` and returns
+/// its metrics (the folder is removed after).
+fn run_seed_1(what: &str, exp: &rlany::Experiment, extra: &[&str]) -> Vec<Value> {
+    let dir = scratch(what);
+    let args = [&["--seed", "1"], extra].concat();
+    let (code, run) = run_file(&dir, "p.ron", &exp.to_ron(), &exp.name, &args);
+    assert_eq!(code, 0, "{what}");
+    let m = metrics(&run.with_file_name("seed-1"));
+    let _ = fs::remove_dir_all(dir);
+    m
+}
+
 #[test]
 fn same_seed_gives_identical_metrics_and_the_policy_is_updated() {
     let a = scratch("det-a");
@@ -707,42 +719,35 @@ fn shipped_pretrained(file: &str, model: &Path) -> rlany::Experiment {
 fn pretrained_smollm2_closed_loop_smoke() {
     let Some(model) = smollm2() else { return };
     let exp = shipped_pretrained("pretrained/smollm2_arith.ron", &model);
-    let dir = scratch("smollm2");
-    let runs = dir.join("runs").to_string_lossy().into_owned();
-    let file = write(&dir, "p.ron", &exp.to_ron());
-    let code = rlany(&[
-        "run",
-        &file,
-        "--runs-dir",
-        &runs,
-        "--no-progress",
-        "--stop-after",
-        "1",
-        "--set",
-        "budget.tasks_per_step=2",
-        "--set",
-        "budget.group_size=2",
-        "--set",
-        "budget.eval_tasks=2",
-        "--set",
-        "budget.max_env_steps=2",
-        "--set",
-        "policy.sampling.max_step_tokens=8",
-        "--set",
-        "judge.warm_start.steps=1",
-        "--set",
-        "judge.warm_start.batch=2",
-        "--set",
-        "judge.warm_start.labels=4",
-        "--set",
-        "reward.votes=1",
-    ]);
-    assert_eq!(code, 0);
-    let m = metrics(&dir.join("runs/smollm2_arith/seed-1"));
+    let m = run_seed_1(
+        "smollm2",
+        &exp,
+        &[
+            "--stop-after",
+            "1",
+            "--set",
+            "budget.tasks_per_step=2",
+            "--set",
+            "budget.group_size=2",
+            "--set",
+            "budget.eval_tasks=2",
+            "--set",
+            "budget.max_env_steps=2",
+            "--set",
+            "policy.sampling.max_step_tokens=8",
+            "--set",
+            "judge.warm_start.steps=1",
+            "--set",
+            "judge.warm_start.batch=2",
+            "--set",
+            "judge.warm_start.labels=4",
+            "--set",
+            "reward.votes=1",
+        ],
+    );
     assert_eq!(m.len(), 2, "{m:?}");
     assert!(m[0].get("eval/acc_id").is_some());
     assert!(m[1].get("compute/judged_steps").is_some());
-    let _ = fs::remove_dir_all(dir);
 }
 
 /// The SmolLM2 tests' tiny budget: 2 tasks × 2 samples of at most 2 steps of 6 tokens, 2
@@ -833,35 +838,33 @@ fn pretrained_lora_run_resumes_exactly() {
     }
 }
 
-/// The PPO-alone suite on SmolLM2 (`experiments/ablation/smollm2-ppo/`: no judge, the
-/// outcome the only reward) runs each row one step with a tiny budget: no judge metric, a
-/// step-0 evaluation, a PPO step. Skipped with a message when the model has not been fetched.
+/// The SmolLM2 studies' rows (`experiments/ablation/smollm2-ppo/`: outcome only, two
+/// learning rates; `smollm2-judge/`: the learned judge added) run one step each with a tiny
+/// budget: a step-0 evaluation, a PPO step, and judge metrics exactly where the row has a
+/// judge. Skipped with a message when the model has not been fetched.
 #[test]
-fn pretrained_ppo_alone_rows_smoke() {
+fn pretrained_study_rows_smoke() {
     let Some(model) = smollm2() else { return };
-    for row in ["0_lr_1e-4.ron", "1_lr_1e-3.ron"] {
-        let mut exp = shipped_pretrained(&format!("ablation/smollm2-ppo/{row}"), &model);
-        assert!(exp.judge.model().is_none(), "{row}: outcome only");
+    let rows = [
+        ("smollm2-ppo/0_lr_1e-4.ron", false),
+        ("smollm2-ppo/1_lr_1e-3.ron", false),
+        ("smollm2-judge/1_judge.ron", true),
+    ];
+    for (row, judged) in rows {
+        let mut exp = shipped_pretrained(&format!("ablation/{row}"), &model);
+        assert_eq!(exp.judge.model().is_some(), judged, "{row}");
         tiny_pretrained_budget(&mut exp);
         exp.budget.steps = 1;
         exp.budget.eval_every = 1;
-        let dir = scratch("smollm2-ppo");
-        let runs = dir.join("runs").to_string_lossy().into_owned();
-        let file = write(&dir, "p.ron", &exp.to_ron());
-        assert_eq!(
-            rlany(&["run", &file, "--runs-dir", &runs, "--no-progress"]),
-            0,
-            "{row}"
-        );
-        let m = metrics(&dir.join("runs").join(&exp.name).join("seed-1"));
+        let m = run_seed_1("smollm2-study", &exp, &[]);
         assert_eq!(m.len(), 2, "{row}: {m:?}");
         assert!(m[0].get("eval/acc_id").is_some(), "{row}");
         assert!(m[1].get("compute/rollouts").is_some(), "{row}");
-        assert!(
-            m.iter().all(|l| l.get("judge/verdict_pos_rate").is_none()),
-            "{row}: no judge"
+        assert_eq!(
+            m[1].get("judge/verdict_pos_rate").is_some(),
+            judged,
+            "{row}: judge metrics where the row has a judge: {m:?}"
         );
-        let _ = fs::remove_dir_all(dir);
     }
 }
 
@@ -882,21 +885,13 @@ fn pretrained_quickstart_smoke() {
     tiny_pretrained_budget(&mut exp);
     exp.budget.steps = 1;
     exp.budget.eval_every = 1;
-    let dir = scratch("smollm2-quickstart");
-    let runs = dir.join("runs").to_string_lossy().into_owned();
-    let file = write(&dir, "q.ron", &exp.to_ron());
-    assert_eq!(
-        rlany(&["run", &file, "--runs-dir", &runs, "--no-progress"]),
-        0
-    );
-    let m = metrics(&dir.join("runs/smollm2_quickstart/seed-1"));
+    let m = run_seed_1("smollm2-quickstart", &exp, &[]);
     assert_eq!(m.len(), 2, "{m:?}");
     let loss = m[0]["warm/policy_loss"]
         .as_f64()
         .expect("the warm start's loss");
     assert!(loss.is_finite() && loss > 0.0, "{loss}");
     assert!(m[1].get("eval/acc_id").is_some());
-    let _ = fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -1293,7 +1288,6 @@ fn shards_compute_what_one_batch_does() {
 
     let ppo = |shards, micro_batch| {
         let mut optim = burn::optim::AdamWConfig::new().init();
-        let old = model.valid();
         let params = UpdateParams {
             clip: 0.2,
             kl_coef: 0.05,
@@ -1310,8 +1304,7 @@ fn shards_compute_what_one_batch_does() {
         let (m, stats) = ppo_update(
             model.clone(),
             &mut optim,
-            &old,
-            &old,
+            None,
             &samples,
             &params,
             &mut Rng::derive(5, "minibatches"),

@@ -114,15 +114,20 @@ impl From<PlacementError> for UpdateError {
 }
 
 /// Runs one update phase and returns the updated model and its statistics (`None` when no
-/// sample carries a unit). `old` is the model that produced the samples (its log-probs are
-/// the ratio's denominator); `target` is what the KL is measured against (`old` itself for
-/// `KlTarget::Old`, a frozen reference model otherwise).
+/// sample carries a unit). `model` as it is passed in produced the samples: it is the "old"
+/// policy, whose log-probs are the ratio's denominator. `reference` is what the KL is
+/// measured against: a frozen reference model, or `None` for the old policy itself
+/// (`KlTarget::Old`).
+///
+/// The first minibatch reads the old log-probs off the trained forward (detached): no
+/// optimiser step has moved the model yet, and nothing in a forward is random (no dropout),
+/// so they are the same values, and one forward of the rows is saved. Later minibatches
+/// forward a snapshot of the model taken before the first step.
 #[allow(clippy::too_many_arguments)]
 pub fn ppo_update<B, M, O>(
     mut model: M,
     optim: &mut O,
-    old: &M::InnerModule,
-    target: &M::InnerModule,
+    reference: Option<&M::InnerModule>,
     samples: &[Sample],
     params: &UpdateParams,
     rng: &mut Rng,
@@ -147,7 +152,8 @@ where
     let mb_size = order.len().div_ceil(n_mb);
     let mut stats = UpdateStats::default();
     let mut entropy = (0.0, 0.0);
-    let same_target = std::ptr::eq(old, target);
+    // The old policy for the minibatches after the first optimiser step.
+    let snapshot = (n_mb > 1).then(|| model.valid());
     let mut pb = progress::bar(order.chunks(mb_size).len() as u64, label, show_progress);
     for (k, mb) in order.chunks(mb_size).enumerate() {
         let mut rows: Vec<&Sample> = mb.iter().map(|&i| &samples[i]).collect();
@@ -164,15 +170,10 @@ where
             0 => params.shards,
             m => params.shards.max(rows.len().div_ceil(m)),
         };
+        let old = if first { None } else { snapshot.as_ref() };
         let inputs: Vec<_> = crate::shard::ranges(rows.len(), groups)
             .into_iter()
-            .map(|r| {
-                (
-                    &rows[r],
-                    old.clone(),
-                    (!same_target).then(|| target.clone()),
-                )
-            })
+            .map(|r| (&rows[r], old.cloned(), reference.cloned()))
             .collect();
         let threads = params.shards;
         let (grads, parts) = crate::shard::grads_in_waves(
@@ -180,13 +181,11 @@ where
             &model,
             inputs,
             threads,
-            |m: &M, (rows, old, target)| {
-                let target_ref = target.as_ref().unwrap_or(&old);
+            |m: &M, (rows, old, reference)| {
                 minibatch_loss(
                     m,
-                    &old,
-                    target_ref,
-                    target.is_none(),
+                    old.as_ref(),
+                    reference.as_ref(),
                     rows,
                     n_units,
                     params,
@@ -254,13 +253,13 @@ struct Part {
 
 /// The PPO loss of `rows` (a minibatch, or one shard of it whose units weigh `1 / n_units`
 /// each, `n_units` counted over the whole minibatch) and its diagnostics. `old` produced the
-/// samples; `target` is the KL's reference (`same_target`: it is `old`).
+/// samples (`None`: `model` itself, not yet stepped); `reference` is the KL's (`None`: the
+/// old policy).
 #[allow(clippy::too_many_arguments)]
 fn minibatch_loss<B, M>(
     model: &M,
-    old: &M::InnerModule,
-    target: &M::InnerModule,
-    same_target: bool,
+    old: Option<&M::InnerModule>,
+    reference: Option<&M::InnerModule>,
     rows: &[&Sample],
     n_units: usize,
     params: &UpdateParams,
@@ -289,8 +288,13 @@ where
         batch: batch.batch,
         seq: batch.seq,
     };
-    // One forward of the rollout model serves its log-probs and (first minibatch) entropy.
-    let old_logits = old.logits_at(inner.inputs.clone(), &positions);
+    let new_logits = model.logits_at(batch.inputs.clone(), &positions);
+    // The rollout model's logits serve its log-probs and (first minibatch) entropy: its own
+    // forward, or the trained forward's values where the model still is the rollout model.
+    let old_logits = match old {
+        Some(old) => old.logits_at(inner.inputs.clone(), &positions),
+        None => new_logits.clone().inner(),
+    };
     let entropy = if want_entropy {
         entropy_sum(old_logits.clone(), &weight)
     } else {
@@ -301,12 +305,11 @@ where
     let (new_lp, old_lp, kl) = match params.estimator.sampled() {
         Some(estimator) => {
             let old_lp = logprobs_at(old_logits, &inner, &positions, params.kernels);
-            let target_lp = if same_target {
-                old_lp.clone()
-            } else {
-                scored_logprobs(target, &inner, &positions, params.kernels)
+            let target_lp = match reference {
+                None => old_lp.clone(),
+                Some(r) => scored_logprobs(r, &inner, &positions, params.kernels),
             };
-            let new_lp = scored_logprobs(model, &batch, &positions, params.kernels);
+            let new_lp = logprobs_at(new_logits, &batch, &positions, params.kernels);
             let kl = KlTerm::Sampled {
                 target_lp: row(Tensor::from_inner(target_lp)),
                 estimator,
@@ -315,13 +318,11 @@ where
         }
         None => {
             // The exact KL needs the target's whole distribution at every scored position.
-            let target_logits = if same_target {
-                old_logits.clone()
-            } else {
-                target.logits_at(inner.inputs.clone(), &positions)
+            let target_logits = match reference {
+                None => old_logits.clone(),
+                Some(r) => r.logits_at(inner.inputs.clone(), &positions),
             };
             let old_lp = logprobs_at(old_logits, &inner, &positions, params.kernels);
-            let new_logits = model.logits_at(batch.inputs.clone(), &positions);
             let new_lp = logprobs_at(new_logits.clone(), &batch, &positions, params.kernels);
             let kl = full_kl(
                 new_logits,
