@@ -11,10 +11,12 @@
 # Usage: reports/perf/llama_cpp.sh [RLANY_BINARY]       (default target/release/rlany)
 # Environment:
 #   MODEL         the GGUF file (default models/pretrained/SmolLM2-135M-Instruct.Q4_1.gguf)
-#   PY            a Python with llama-cpp-python; build it from PyPI on this CPU with
-#                 CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=ON" \
-#                   python3 -m pip install llama-cpp-python
-#                 (a native build uses AMX here and dies with "Illegal instruction")
+#   PY            a Python with llama-cpp-python, built from PyPI for the CPU's own
+#                 instruction sets (a native build has used AMX on these machines and died
+#                 with "Illegal instruction"); -DGGML_AVX512=ON only where /proc/cpuinfo
+#                 lists avx512f:
+#                 CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+#                   -DGGML_AVX512=OFF" python3 -m pip install llama-cpp-python
 #   BACKEND       rlany's backend (default ndarray; flex needs a build with --features flex)
 #   THREADS       thread counts to compare (default "1 2")
 #   TOKENS ROWS BATCH_TOKENS   (default 64, 32, 32)
