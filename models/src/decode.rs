@@ -208,7 +208,7 @@ pub(crate) fn extend<B: AttentionOps>(
     ctx.pending.iter_mut().for_each(|p| *p = None);
     // Only fresh contexts share a prefix: one that holds something reads its own tokens.
     let shared = if ctx.cache.is_empty() {
-        shared_prefix_len(&chunks.iter().map(Vec::as_slice).collect::<Vec<_>>())
+        shared_prefix_len(&chunks)
     } else {
         0
     };

@@ -614,16 +614,17 @@ pub const SHARED_PREFIX_MIN: usize = 16;
 /// every row keeps a position of its own after the prefix (the one whose hidden state is read
 /// last). The one rule for the training forward ([`Transformer::hidden_at`]) and generation
 /// (`decode.rs`).
-pub(crate) fn shared_prefix_len<T: PartialEq>(rows: &[&[T]]) -> usize {
+pub(crate) fn shared_prefix_len<T: PartialEq, R: AsRef<[T]>>(rows: &[R]) -> usize {
     let Some((first, others)) = rows.split_first() else {
         return 0;
     };
     if others.is_empty() {
         return 0;
     }
-    let shortest = rows.iter().map(|r| r.len()).min().unwrap_or(0);
+    let first = first.as_ref();
+    let shortest = rows.iter().map(|r| r.as_ref().len()).min().unwrap_or(0);
     let common = (0..shortest)
-        .take_while(|&j| others.iter().all(|r| r[j] == first[j]))
+        .take_while(|&j| others.iter().all(|r| r.as_ref()[j] == first[j]))
         .count()
         .min(shortest.saturating_sub(1));
     if common >= SHARED_PREFIX_MIN {
@@ -2044,9 +2045,7 @@ mod tests {
     fn a_prefix_is_shared_from_sixteen_common_tokens() {
         let head: Vec<u32> = (0..20).collect();
         let with = |rest: &[u32]| -> Vec<u32> { head.iter().chain(rest).copied().collect() };
-        let len = |rows: &[Vec<u32>]| {
-            shared_prefix_len(&rows.iter().map(Vec::as_slice).collect::<Vec<_>>())
-        };
+        let len = |rows: &[Vec<u32>]| shared_prefix_len(rows);
         // 20 common tokens, then the rows differ.
         assert_eq!(len(&[with(&[1]), with(&[2, 3])]), 20);
         // A row that is the prefix itself keeps its last token: 19.
