@@ -718,33 +718,10 @@ fn shipped_pretrained(file: &str, model: &Path) -> rlany::Experiment {
 #[test]
 fn pretrained_smollm2_closed_loop_smoke() {
     let Some(model) = smollm2() else { return };
-    let exp = shipped_pretrained("pretrained/smollm2_arith.ron", &model);
-    let m = run_seed_1(
-        "smollm2",
-        &exp,
-        &[
-            "--stop-after",
-            "1",
-            "--set",
-            "budget.tasks_per_step=2",
-            "--set",
-            "budget.group_size=2",
-            "--set",
-            "budget.eval_tasks=2",
-            "--set",
-            "budget.max_env_steps=2",
-            "--set",
-            "policy.sampling.max_step_tokens=8",
-            "--set",
-            "judge.warm_start.steps=1",
-            "--set",
-            "judge.warm_start.batch=2",
-            "--set",
-            "judge.warm_start.labels=4",
-            "--set",
-            "reward.votes=1",
-        ],
-    );
+    let mut exp = shipped_pretrained("pretrained/smollm2_arith.ron", &model);
+    tiny_pretrained_budget(&mut exp);
+    exp.reward.votes = 1;
+    let m = run_seed_1("smollm2", &exp, &["--stop-after", "1"]);
     assert_eq!(m.len(), 2, "{m:?}");
     assert!(m[0].get("eval/acc_id").is_some());
     assert!(m[1].get("compute/judged_steps").is_some());
