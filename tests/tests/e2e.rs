@@ -89,8 +89,9 @@ fn run_tiny(dir: &Path, extra: &[&str]) -> (u8, PathBuf) {
     run_file(dir, "tiny.ron", TINY, "tiny", extra)
 }
 
-/// Writes `text` to `dir/file` and runs it (seed 3) into `dir/runs`; the exit code and the
-/// run directory of experiment `name`.
+/// Writes `text` to `dir/file` and runs it into `dir/runs`; the exit code and the run
+/// directory of experiment `name` for the seed given with `--seed` in `extra` (without it, 3:
+/// the seed of every file these tests write).
 fn run_file(dir: &Path, file: &str, text: &str, name: &str, extra: &[&str]) -> (u8, PathBuf) {
     let file = write(dir, file, text);
     let runs = dir.join("runs");
@@ -103,7 +104,11 @@ fn run_file(dir: &Path, file: &str, text: &str, name: &str, extra: &[&str]) -> (
         "--no-progress",
     ];
     args.extend_from_slice(extra);
-    (rlany(&args), runs.join(name).join("seed-3"))
+    let seed = extra
+        .windows(2)
+        .find(|w| w[0] == "--seed")
+        .map_or("3", |w| w[1]);
+    (rlany(&args), runs.join(name).join(format!("seed-{seed}")))
 }
 
 /// Runs seed 1 of `exp` with `extra` arguments in a scratch folder named `what` and returns
@@ -113,7 +118,7 @@ fn run_seed_1(what: &str, exp: &rlany::Experiment, extra: &[&str]) -> Vec<Value>
     let args = [&["--seed", "1"], extra].concat();
     let (code, run) = run_file(&dir, "p.ron", &exp.to_ron(), &exp.name, &args);
     assert_eq!(code, 0, "{what}");
-    let m = metrics(&run.with_file_name("seed-1"));
+    let m = metrics(&run);
     let _ = fs::remove_dir_all(dir);
     m
 }
