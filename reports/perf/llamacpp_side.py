@@ -1,6 +1,8 @@
 """llama.cpp's side of reports/perf/llama_cpp.sh: greedy decoding of a GGUF model, one stream
 and a batch of rows, timed the way `rlany generate` times itself (prompt processing and
-decoding together, every row decoding exactly --tokens tokens).
+decoding together, every row decoding exactly --tokens tokens). With --share-prompt the rows'
+common prompt is read once, as sequence 0, and its cache cells are given to every other row
+(`llama_memory_seq_cp`), as rlany's rollout reads a shared prefix once.
 
 Needs `llama-cpp-python` (built from PyPI; see llama_cpp.sh). Prints one JSON object.
 """
@@ -44,25 +46,33 @@ def context(model, rows, n_ctx, threads):
     return ctx
 
 
-def run(ctx, model, prompt_ids, rows, tokens):
-    """Prompt processing of `rows` copies of the prompt, then `tokens` greedy decoding
-    steps of every row, batched across rows. Returns (seconds, prefill seconds)."""
+def run(ctx, model, prompt_ids, rows, tokens, share):
+    """Prompt processing of `rows` copies of the prompt (or of one, its cache cells shared
+    by every row, if `share`), then `tokens` greedy decoding steps of every row, batched
+    across rows. Returns (seconds, prefill seconds)."""
     n_vocab = llama_cpp.llama_n_vocab(llama_cpp.llama_model_get_vocab(model))
-    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+    memory = llama_cpp.llama_get_memory(ctx)
+    llama_cpp.llama_memory_clear(memory, True)
     n_prompt = len(prompt_ids)
     batch = llama_cpp.llama_batch_init(max(n_prompt * rows, rows), 0, rows)
     try:
         start = time.perf_counter()
         batch.n_tokens = 0
-        for r in range(rows):
+        for r in range(1 if share else rows):
             for p, t in enumerate(prompt_ids):
                 add(batch, t, p, r, p == n_prompt - 1)
         rc = llama_cpp.llama_decode(ctx, batch)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed on the prompts ({rc})")
+        if share:
+            for r in range(1, rows):
+                llama_cpp.llama_memory_seq_cp(memory, 0, r, -1, -1)
+            # Every row starts from sequence 0's logits (the same prompt, greedy).
+            last = [n_prompt - 1] * rows
+        else:
+            # Each row's logits sit at the index of its last prompt token in the batch.
+            last = [r * n_prompt + n_prompt - 1 for r in range(rows)]
         prefill = time.perf_counter() - start
-        # Each row's logits sit at the index of its last prompt token in the batch.
-        last = [r * n_prompt + n_prompt - 1 for r in range(rows)]
         for k in range(tokens):
             nxt = [greedy(llama_cpp.llama_get_logits_ith(ctx, i), n_vocab) for i in last]
             if k == tokens - 1:
@@ -87,6 +97,8 @@ def main():
     ap.add_argument("--rows", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--share-prompt", action="store_true",
+                    help="read the rows' common prompt once and share its cache cells")
     a = ap.parse_args()
     text = open(a.prompt_file, encoding="utf-8").read()
     llm = Llama(model_path=a.model, n_ctx=512, verbose=False)
@@ -95,7 +107,7 @@ def main():
     ctx = context(model, a.rows, a.rows * (len(ids) + a.tokens + 8), a.threads)
     best = None
     for _ in range(a.repeats):
-        secs, prefill = run(ctx, model, ids, a.rows, a.tokens)
+        secs, prefill = run(ctx, model, ids, a.rows, a.tokens, a.share_prompt and a.rows > 1)
         if best is None or secs < best[0]:
             best = (secs, prefill)
     secs, prefill = best
@@ -105,6 +117,7 @@ def main():
         "threads": a.threads,
         "rows": a.rows,
         "prompt_tokens": len(ids),
+        "shared_prompt": a.share_prompt and a.rows > 1,
         "tokens_per_row": a.tokens,
         "seconds": secs,
         "prefill_seconds": prefill,
