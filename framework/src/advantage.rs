@@ -41,6 +41,42 @@ pub fn group_step_advantages(rewards: &[Vec<f64>]) -> Vec<Vec<Option<f64>>> {
     out
 }
 
+/// Per-step advantages for one task group, decomposed (`reward: (advantage: Decomposed)`):
+/// the outcome z-scored over the group's trajectories plus `λ` times the step's mean verdict
+/// z-scored over *all* of the group's steps, so the judge's weight does not depend on which
+/// step-index slice a step falls in.
+///
+/// `outcomes[t]` is trajectory `t`'s outcome value `O`, `verdicts[t][i]` the mean verdict
+/// `(1/m) Σ S` of its step `i` (0 without a judge). A term whose values are all equal
+/// contributes 0; a step gets `None` (no unit) only when both terms are uniform.
+pub fn decomposed_advantages(
+    outcomes: &[f64],
+    verdicts: &[Vec<f64>],
+    lambda: f64,
+) -> Vec<Vec<Option<f64>>> {
+    let z_outcome = zscore(outcomes);
+    let flat: Vec<f64> = verdicts.iter().flatten().copied().collect();
+    let z_flat = zscore(&flat);
+    if z_outcome.is_none() && z_flat.is_none() {
+        return verdicts.iter().map(|v| vec![None; v.len()]).collect();
+    }
+    let mut k = 0;
+    verdicts
+        .iter()
+        .enumerate()
+        .map(|(t, v)| {
+            let o = z_outcome.as_ref().map_or(0.0, |z| z[t]);
+            v.iter()
+                .map(|_| {
+                    let s = z_flat.as_ref().map_or(0.0, |z| z[k]);
+                    k += 1;
+                    Some(o + lambda * s)
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// Whether a group accuracy lies in the closed band `[lo, hi]`.
 pub fn in_band(acc: f64, (lo, hi): (f64, f64)) -> bool {
     acc >= lo - 1e-12 && acc <= hi + 1e-12
@@ -100,6 +136,28 @@ mod tests {
         assert_eq!(a[1][0], None);
         assert_eq!(a[0][1], Some(1.0));
         assert_eq!(a[1][1], Some(-1.0));
+    }
+
+    #[test]
+    fn decomposed_hand_computed() {
+        // Outcomes (+1, −1): z = (+1, −1). Mean verdicts (1, −1 | −1): mean −1/3, var 8/9.
+        let s = (8.0f64 / 9.0).sqrt();
+        let a = decomposed_advantages(&[1.0, -1.0], &[vec![1.0, -1.0], vec![-1.0]], 0.5);
+        assert!((a[0][0].expect("unit") - (1.0 + 0.5 * (4.0 / 3.0) / s)).abs() < 1e-12);
+        assert!((a[0][1].expect("unit") - (1.0 - 0.5 * (2.0 / 3.0) / s)).abs() < 1e-12);
+        assert!((a[1][0].expect("unit") - (-1.0 - 0.5 * (2.0 / 3.0) / s)).abs() < 1e-12);
+        // An outcome-uniform group keeps the verdicts' signal: all failed, verdicts (1, −1 | 1).
+        let u = decomposed_advantages(&[-1.0, -1.0], &[vec![1.0, -1.0], vec![1.0]], 1.0);
+        let s = (8.0f64 / 9.0).sqrt();
+        assert!((u[0][1].expect("unit") + (4.0 / 3.0) / s).abs() < 1e-12);
+        assert!((u[1][0].expect("unit") - (2.0 / 3.0) / s).abs() < 1e-12);
+        // No judge (verdicts 0): every step of a trajectory gets its outcome's z-score,
+        // whatever its length (the per-index rule would z-score step 1 alone: no unit).
+        let n = decomposed_advantages(&[1.0, -1.0], &[vec![0.0, 0.0], vec![0.0]], 1.0);
+        assert_eq!(n, vec![vec![Some(1.0), Some(1.0)], vec![Some(-1.0)]]);
+        // Both uniform: no unit anywhere.
+        let none = decomposed_advantages(&[1.0, 1.0], &[vec![1.0], vec![1.0, 1.0]], 1.0);
+        assert_eq!(none, vec![vec![None], vec![None, None]]);
     }
 
     #[test]

@@ -2,12 +2,13 @@
 //! training distribution (`Split::Eval`) and of the out-of-distribution split. The tasks are
 //! spread evenly over the environment's eval grid ([`crate::Environment::eval_levels`]: task
 //! `i` at level `levels[i mod L]` on every dimension), so the in-domain accuracy covers the
-//! whole training range, not only where the task slots start. The task seeds come from
+//! whole training range, not only where the task slots start (a run may add a third
+//! evaluation at the slots' starting difficulty, `budget.eval_start_tasks`). The task seeds come from
 //! streams derived from the run's seed, so every evaluation of a run (and of a resumed run,
 //! and of every row of an ablation) sees the same tasks.
 
 use crate::advantage::accuracy;
-use crate::env::{Environment, Split};
+use crate::env::{Difficulty, Environment, Split};
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
 use crate::placement::{Placement, PlacementError};
 use crate::rng::Rng;
@@ -21,8 +22,8 @@ pub struct EvalResult {
     pub accuracy: f64,
     /// Fraction of policy steps the oracle labels correct.
     pub step_accuracy: f64,
-    /// `(level, accuracy of its tasks)` per grid level.
-    pub by_level: Vec<(f64, f64)>,
+    /// The accuracy of each difficulty point's tasks, in [`EvalSpec::points`] order.
+    pub by_point: Vec<f64>,
     /// The played-out tasks.
     pub trajectories: Vec<Trajectory>,
 }
@@ -32,10 +33,12 @@ pub struct EvalResult {
 pub struct EvalSpec<'a> {
     /// Which split.
     pub split: Split,
-    /// The grid levels the tasks are spread over.
-    pub levels: &'a [f64],
-    /// Dimensions of the difficulty space.
-    pub dims: usize,
+    /// The difficulty points the tasks are spread over (task `i` at `points[i mod len]`):
+    /// the eval grid ([`grid`]), or the one difficulty the task slots start at.
+    pub points: &'a [Difficulty],
+    /// Names the stream the task seeds derive from: evaluations with the same split and
+    /// stream play the same tasks.
+    pub stream: &'static str,
     /// How many tasks.
     pub tasks: usize,
     /// The run's seed (the task set derives from it).
@@ -52,6 +55,24 @@ pub struct EvalSpec<'a> {
     pub placement: &'a Placement,
 }
 
+/// The eval grid's points: each level on every one of `dims` dimensions (0.5 everywhere
+/// when the environment names no level).
+pub fn grid(levels: &[f64], dims: usize) -> Vec<Difficulty> {
+    if levels.is_empty() {
+        return vec![vec![0.5; dims]];
+    }
+    levels.iter().map(|&l| vec![l; dims]).collect()
+}
+
+/// The task-seed stream of the grid evaluation of `split`.
+pub fn grid_stream(split: Split) -> &'static str {
+    if split == Split::Ood {
+        "eval-ood"
+    } else {
+        "eval-id"
+    }
+}
+
 /// Plays `spec.tasks` tasks of `spec.split` greedily.
 pub fn evaluate<B: Backend, M: CausalLm<B>>(
     model: &M,
@@ -61,8 +82,8 @@ pub fn evaluate<B: Backend, M: CausalLm<B>>(
 ) -> Result<EvalResult, PlacementError> {
     let EvalSpec {
         split,
-        levels,
-        dims,
+        points,
+        stream,
         tasks: n,
         seed,
         max_step_tokens,
@@ -71,17 +92,9 @@ pub fn evaluate<B: Backend, M: CausalLm<B>>(
         shards,
         placement,
     } = *spec;
-    let mut task_rng = Rng::derive(
-        seed,
-        if split == Split::Ood {
-            "eval-ood"
-        } else {
-            "eval-id"
-        },
-    );
-    let level = |i: usize| levels.get(i % levels.len().max(1)).copied().unwrap_or(0.5);
+    let mut task_rng = Rng::derive(seed, stream);
     let tasks: Vec<_> = (0..n)
-        .map(|i| (vec![level(i); dims], split, task_rng.next_u64()))
+        .map(|i| (points[i % points.len().max(1)].clone(), split, task_rng.next_u64()))
         .collect();
     let episodes = (0..n).zip(env.sample_many(&tasks)).collect();
     let params = SampleParams {
@@ -108,14 +121,14 @@ pub fn evaluate<B: Backend, M: CausalLm<B>>(
         .iter()
         .flat_map(|t| t.steps.iter().map(|s| s.oracle))
         .collect();
-    let by_level = (0..levels.len().min(n))
+    let by_point = (0..points.len().min(n))
         .map(|l| {
-            let solved: Vec<bool> = (l..n).step_by(levels.len()).map(|i| outcomes[i]).collect();
-            (levels[l], accuracy(&solved))
+            let solved: Vec<bool> = (l..n).step_by(points.len()).map(|i| outcomes[i]).collect();
+            accuracy(&solved)
         })
         .collect();
     Ok(EvalResult {
-        by_level,
+        by_point,
         accuracy: accuracy(&outcomes),
         step_accuracy: accuracy(&labels),
         trajectories,

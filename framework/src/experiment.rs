@@ -655,6 +655,10 @@ pub struct RewardSpec {
     /// How the consistency samples are weighed across episode outcomes (`Paper`: the
     /// paper's `R·S`; `Balanced`: steps of successful and failed episodes weigh the same).
     pub consistency: crate::reward::Consistency,
+    /// How step rewards become advantages (`PerIndex`: the integrated reward z-scored per
+    /// group and step index; `Decomposed`: the outcome's and the verdicts' z-scores apart).
+    #[serde(skip_serializing_if = "crate::reward::Advantage::is_default")]
+    pub advantage: crate::reward::Advantage,
 }
 
 impl Default for RewardSpec {
@@ -666,6 +670,7 @@ impl Default for RewardSpec {
             policy_band: (0.125, 0.875),
             judge_band: (0.2, 0.8),
             consistency: crate::reward::Consistency::Paper,
+            advantage: crate::reward::Advantage::PerIndex,
         }
     }
 }
@@ -708,10 +713,6 @@ pub struct PpoSpec {
     /// per shard.
     #[serde(skip_serializing_if = "is_zero")]
     pub micro_batch: usize,
-}
-
-fn is_zero(n: &usize) -> bool {
-    *n == 0
 }
 
 impl Default for PpoSpec {
@@ -807,6 +808,14 @@ pub struct Budget {
     pub eval_tasks: usize,
     /// Write a checkpoint every this many steps (and at the end).
     pub checkpoint_every: usize,
+    /// Held-out tasks of a third evaluation, at the difficulty the task slots start at (the
+    /// training difficulty of a static run; `eval/acc_start`); 0 leaves it out.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub eval_start_tasks: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl Default for Budget {
@@ -819,6 +828,7 @@ impl Default for Budget {
             eval_every: 10,
             eval_tasks: 64,
             checkpoint_every: 10,
+            eval_start_tasks: 0,
         }
     }
 }
@@ -1004,6 +1014,7 @@ impl<E: EnvironmentChoice, A: AdaptationChoice> Experiment<E, A> {
         count("budget.max_env_steps", b.max_env_steps, 1, 4096)?;
         count("budget.eval_every", b.eval_every, 1, MAX_COUNT)?;
         count("budget.eval_tasks", b.eval_tasks, 1, 65_536)?;
+        count("budget.eval_start_tasks", b.eval_start_tasks, 0, 65_536)?;
         count("budget.checkpoint_every", b.checkpoint_every, 1, MAX_COUNT)?;
         if b.tasks_per_step * b.group_size > 1 << 20 {
             return Err(FieldError::new(

@@ -29,6 +29,34 @@ impl OutcomeScale {
     }
 }
 
+/// How a group's step rewards become advantages (`reward: (advantage: ...)`;
+/// framework/METHOD.md, step 4 and "The decomposed advantage").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Advantage {
+    /// The integrated reward `O + (λ/m)ΣS` z-scored per group and step index.
+    #[default]
+    PerIndex,
+    /// The outcome z-scored over the group plus `λ` times the mean verdict `(1/m)ΣS`
+    /// z-scored over all of the group's steps
+    /// ([`crate::advantage::decomposed_advantages`]).
+    Decomposed,
+}
+
+impl Advantage {
+    /// Whether this is the default (left out of a written experiment file).
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// The mean verdict `(1/m) Σ S` of one step (0 without verdicts).
+pub fn mean_verdict(verdicts: &[Verdict]) -> f64 {
+    if verdicts.is_empty() {
+        return 0.0;
+    }
+    verdicts.iter().map(|&s| f64::from(s)).sum::<f64>() / verdicts.len() as f64
+}
+
 /// A verdict: `+1` (step is good), `−1` (bad), `0` (unparseable: a format failure).
 pub type Verdict = i8;
 

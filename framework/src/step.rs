@@ -7,11 +7,11 @@
 use crate::adapt::{
     AdaptCounts, AdaptSlot, Critic, CriticFeedback, GateSpec, Observation, ProposeContext, Proposer,
 };
-use crate::advantage::{accuracy, group_step_advantages, in_band};
+use crate::advantage::{accuracy, decomposed_advantages, group_step_advantages, in_band};
 use crate::env::{Difficulty, Environment, Episode, Split};
 use crate::judge::JudgedStep;
 use crate::ppo::{Sample, Unit, UpdateStats};
-use crate::reward::{self, Consistency, Verdict};
+use crate::reward::{self, Advantage, Consistency, Verdict};
 use crate::rng::Rng;
 use crate::rollout::Trajectory;
 use crate::rundir::Metrics;
@@ -50,6 +50,21 @@ pub struct ProposalEvent {
     pub acc: f64,
     /// The proposal's own group accuracy (gated events only).
     pub new_acc: Option<f64>,
+}
+
+/// Where a step's policy signal comes from: how many used groups are outcome-uniform (all
+/// solved or all failed, so only a step reward can tell their rollouts apart) and how many
+/// steps got an advantage, in all and in those groups.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SignalCounts {
+    /// Used groups (rejected proposals left out).
+    pub groups: usize,
+    /// Used groups whose rollouts all solved or all failed.
+    pub uniform_groups: usize,
+    /// Policy steps that carry an advantage (PPO units).
+    pub units: usize,
+    /// Of those, the steps of outcome-uniform groups.
+    pub uniform_units: usize,
 }
 
 /// Wall-clock seconds of the phases of one step (the `perf/*` metrics).
@@ -91,6 +106,8 @@ pub struct StepBatch {
     pub policy_samples: Vec<Sample>,
     /// Groups whose policy data was kept (used and inside the policy band).
     pub kept_groups: usize,
+    /// Where the policy's signal came from (the `policy/*_groups`, `policy/*units` metrics).
+    pub signal: SignalCounts,
     /// Judge samples (one verdict token each).
     pub judge_samples: Vec<Sample>,
     /// Indices into `judged` of the steps the judge's update drew from (groups inside the
@@ -239,8 +256,9 @@ pub fn used_trajectories(batch: &StepBatch) -> Vec<usize> {
 }
 
 /// Phase 5a, the policy's rewards and advantages: the integrated reward of every step, then
-/// for every used group inside `policy_band`, advantages z-scored per group and step index.
-/// Fills `step_rewards`, `policy_samples` and `kept_groups`.
+/// for every used group inside `policy_band`, advantages by `reward.advantage` (z-scored per
+/// group and step index, or decomposed into the outcome's and the verdicts' z-scores).
+/// Fills `step_rewards`, `policy_samples`, `kept_groups` and `signal`.
 pub fn policy_samples(batch: &mut StepBatch, reward: &crate::experiment::RewardSpec) {
     let (lambda, policy_band, scale) = (reward.lambda, reward.policy_band, reward.outcome);
     batch.step_rewards = batch
@@ -255,19 +273,41 @@ pub fn policy_samples(batch: &mut StepBatch, reward: &crate::experiment::RewardS
         .collect();
     batch.policy_samples.clear();
     batch.kept_groups = 0;
-    for g in &batch.groups {
-        if !g.used || !in_band(g.acc, policy_band) {
+    batch.signal = SignalCounts::default();
+    for g in batch.groups.iter().filter(|g| g.used) {
+        let uniform = outcome_uniform(g.acc);
+        batch.signal.groups += 1;
+        batch.signal.uniform_groups += usize::from(uniform);
+        if !in_band(g.acc, policy_band) {
             continue;
         }
         batch.kept_groups += 1;
-        let rewards: Vec<Vec<f64>> = g
-            .members
-            .iter()
-            .map(|&i| batch.step_rewards[i].clone())
-            .collect();
-        for (adv, &i) in group_step_advantages(&rewards).into_iter().zip(&g.members) {
+        let advantages = match reward.advantage {
+            Advantage::PerIndex => {
+                let rewards: Vec<Vec<f64>> = g
+                    .members
+                    .iter()
+                    .map(|&i| batch.step_rewards[i].clone())
+                    .collect();
+                group_step_advantages(&rewards)
+            }
+            Advantage::Decomposed => {
+                let outcomes: Vec<f64> = g
+                    .members
+                    .iter()
+                    .map(|&i| scale.value(batch.trajs[i].outcome))
+                    .collect();
+                let verdicts: Vec<Vec<f64>> = g
+                    .members
+                    .iter()
+                    .map(|&i| batch.verdicts[i].iter().map(|v| reward::mean_verdict(v)).collect())
+                    .collect();
+                decomposed_advantages(&outcomes, &verdicts, lambda)
+            }
+        };
+        for (adv, &i) in advantages.into_iter().zip(&g.members) {
             let t = &batch.trajs[i];
-            let units = t
+            let units: Vec<Unit> = t
                 .steps
                 .iter()
                 .zip(adv)
@@ -279,12 +319,22 @@ pub fn policy_samples(batch: &mut StepBatch, reward: &crate::experiment::RewardS
                     })
                 })
                 .collect();
+            batch.signal.units += units.len();
+            if uniform {
+                batch.signal.uniform_units += units.len();
+            }
             batch.policy_samples.push(Sample {
                 tokens: t.tokens.clone(),
                 units,
             });
         }
     }
+}
+
+/// Whether every rollout of a group ended alike (all solved or all failed): its outcomes
+/// carry no signal, only step rewards can.
+pub fn outcome_uniform(acc: f64) -> bool {
+    acc <= 1e-12 || acc >= 1.0 - 1e-12
 }
 
 /// Phase 5b, the judge's consistency samples: for every judged step of a group inside
@@ -456,6 +506,11 @@ pub fn step_metrics(
     m.set("env/accepted_harder", counts.accepted_harder as f64);
     m.set("env/accepted_easier", counts.accepted_easier as f64);
     m.set("policy/kept_groups", batch.kept_groups as f64);
+    let sig = &batch.signal;
+    m.set("policy/uniform_groups", sig.uniform_groups as f64);
+    m.set("policy/mixed_groups", (sig.groups - sig.uniform_groups) as f64);
+    m.set("policy/units", sig.units as f64);
+    m.set("policy/uniform_units", sig.uniform_units as f64);
     let used_tokens: usize = used
         .iter()
         .map(|&i| batch.trajs[i].generated_tokens())
@@ -836,6 +891,58 @@ mod tests {
         policy_samples(&mut batch, &reward(1.0, (0.0, 1.0)));
         assert_eq!(batch.kept_groups, 2);
         assert!(batch.policy_samples[2..].iter().all(|s| s.units.is_empty()));
+    }
+
+    #[test]
+    fn decomposed_advantages_and_signal_counts() {
+        let mut batch = two_groups();
+        // Group 0 mixed: the solved step judged (+,+,+), the failed one (+,−,−); group 1
+        // (all solved, outcome-uniform): one step judged (+,+,+), the other (−,−,−).
+        batch.verdicts = vec![
+            vec![vec![1, 1, 1]],
+            vec![vec![1, -1, -1]],
+            vec![vec![1, 1, 1]],
+            vec![vec![-1, -1, -1]],
+        ];
+        let decomposed = crate::experiment::RewardSpec {
+            advantage: Advantage::Decomposed,
+            ..reward(0.5, (0.0, 1.0))
+        };
+        policy_samples(&mut batch, &decomposed);
+        let adv: Vec<f64> = batch
+            .policy_samples
+            .iter()
+            .flat_map(|s| s.units.iter().map(|u| u.adv))
+            .collect();
+        // Group 0: outcomes ±1 → z ±1; mean verdicts (1, −1/3) → z ±1: 1 + 0.5, −1 − 0.5.
+        // Group 1: outcomes uniform → 0; mean verdicts (1, −1) → z ±1: ±0.5.
+        assert_eq!(adv, vec![1.5, -1.5, 0.5, -0.5]);
+        assert_eq!(
+            batch.signal,
+            SignalCounts {
+                groups: 2,
+                uniform_groups: 1,
+                units: 4,
+                uniform_units: 2,
+            }
+        );
+        // The default band drops group 1: its signal is lost, its uniformity still counted.
+        policy_samples(&mut batch, &reward(0.5, (0.125, 0.875)));
+        assert_eq!(
+            batch.signal,
+            SignalCounts {
+                groups: 2,
+                uniform_groups: 1,
+                units: 2,
+                uniform_units: 0,
+            }
+        );
+        let mut m = Metrics::new(1);
+        step_metrics(&mut m, &batch, &[], &[], &AdaptCounts::default());
+        assert_eq!(m.get("policy/uniform_groups"), Some(1.0));
+        assert_eq!(m.get("policy/mixed_groups"), Some(1.0));
+        assert_eq!(m.get("policy/units"), Some(2.0));
+        assert_eq!(m.get("policy/uniform_units"), Some(0.0));
     }
 
     #[test]

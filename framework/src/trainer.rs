@@ -1019,13 +1019,20 @@ where
         let mst = self.cfg.sampling.max_step_tokens;
         let policy = self.policy.valid();
         let levels = self.env.eval_levels();
-        let mut pb = progress::bar(3, "eval", self.opts.progress);
-        let run_split = |split| {
+        let grid = crate::eval::grid(&levels, self.dims.len());
+        let start = [self.cfg.start.clone()];
+        let with_start = b.eval_start_tasks > 0;
+        let mut pb = progress::bar(
+            3 + u64::from(with_start),
+            "eval",
+            self.opts.progress,
+        );
+        let run_split = |split, points: &[Difficulty], stream, tasks| {
             let spec = EvalSpec {
                 split,
-                levels: &levels,
-                dims: self.dims.len(),
-                tasks: b.eval_tasks,
+                points,
+                stream,
+                tasks,
                 seed,
                 max_step_tokens: mst,
                 max_env_steps: b.max_env_steps,
@@ -1035,16 +1042,29 @@ where
             };
             evaluate(&policy, self.env, self.tok, &spec)
         };
-        let id = run_split(Split::Eval)?;
+        let grid_split = |split| run_split(split, &grid, crate::eval::grid_stream(split), b.eval_tasks);
+        let id = grid_split(Split::Eval)?;
         pb.inc(1);
-        let ood = run_split(Split::Ood)?;
+        let ood = grid_split(Split::Ood)?;
         pb.inc(1);
+        // Held-out tasks at the training difficulty itself (its own seed stream).
+        let at_start = if with_start {
+            let r = run_split(Split::Eval, &start, "eval-start", b.eval_start_tasks)?;
+            pb.inc(1);
+            Some(r)
+        } else {
+            None
+        };
         env_ok(self.env, step)?;
         m.set("eval/acc_id", id.accuracy);
         m.set("eval/acc_ood", ood.accuracy);
         m.set("eval/step_acc_id", id.step_accuracy);
         m.set("eval/step_acc_ood", ood.step_accuracy);
-        for (level, acc) in &id.by_level {
+        if let Some(r) = &at_start {
+            m.set("eval/acc_start", r.accuracy);
+            m.set("eval/step_acc_start", r.step_accuracy);
+        }
+        for (level, acc) in levels.iter().zip(&id.by_point) {
             m.set(&format!("eval/acc_grid/{level:.2}"), *acc);
         }
         // The two in-domain trajectories written to samples.jsonl, with the judge's verdicts.

@@ -95,7 +95,8 @@
 //! # Outcome, oracle labels, step dims, blame
 //!
 //! The episode ends when the goal holds (outcome true) or after [`HouseholdEpisode::max_steps`]
-//! steps (the expert's plan length + 4). The oracle label of a step is *progress by the
+//! steps (the expert's plan length + `slack`, 4 by default: the horizon, set with the tasks
+//! fixed; the warm start's demonstrations are cut at plan + 4 whatever `slack` is). The oracle label of a step is *progress by the
 //! expert's distance*: the action was valid and the number of actions the expert planner
 //! ([`world::expert`]) needs from the new state is smaller than from the old. The planner acts
 //! on what the agent has seen (and the hints), so opening the cupboard the expert would open
@@ -151,8 +152,10 @@ const MAX_SHUT: usize = 2;
 const FILLER_RATE: f64 = 1.0 / 3.0;
 /// The longest prompt (without `list_actions`), in characters (a test samples many).
 pub const MAX_PROMPT_CHARS: usize = 160;
-/// Steps beyond the expert's plan before an episode ends.
-const STEP_SLACK: usize = 4;
+/// Steps beyond the expert's plan before an episode ends, by default (`slack`).
+pub const STEP_SLACK: usize = 4;
+/// The most `slack` a file may set.
+const MAX_SLACK: usize = 40;
 
 const ROOM_NAMES: [&str; 5] = ["kitchen", "hall", "bath", "study", "garage"];
 const SURFACES: [&str; MAX_ROOMS] = ["table", "shelf", "desk"];
@@ -174,6 +177,17 @@ pub struct HouseholdSpec {
     pub difficulty: Vec<f64>,
     /// End the prompt and every observation with the admissible actions (`can: …`).
     pub list_actions: bool,
+    /// The step budget beyond the expert's plan: an episode ends after `plan + slack`
+    /// steps (the horizon, with the tasks fixed). The expert's demonstrations are written for
+    /// `plan + 4` whatever this is (the warm start replays them through an episode, so a
+    /// `slack` below 4 cuts its longest ones). Left out of a written file at its default, so the
+    /// warm-start cache keys of files that do not set it are the ones made before it.
+    #[serde(skip_serializing_if = "is_default_slack")]
+    pub slack: usize,
+}
+
+fn is_default_slack(slack: &usize) -> bool {
+    *slack == STEP_SLACK
 }
 
 impl Default for HouseholdSpec {
@@ -181,12 +195,14 @@ impl Default for HouseholdSpec {
         Self {
             difficulty: vec![0.2; 4],
             list_actions: false,
+            slack: STEP_SLACK,
         }
     }
 }
 
 impl EnvironmentPlugin for HouseholdSpec {
     fn validate(&self) -> Checked {
+        check::count("slack", self.slack, 0, MAX_SLACK)?;
         check::difficulty(
             "difficulty",
             &self.difficulty,
@@ -199,7 +215,7 @@ impl EnvironmentPlugin for HouseholdSpec {
     }
 
     fn build(&self) -> Box<dyn Environment> {
-        Box::new(Household::new(self.list_actions))
+        Box::new(Household::new(self.list_actions).with_slack(self.slack))
     }
 }
 
@@ -213,20 +229,37 @@ struct Task {
 }
 
 /// The `household` environment (see the module docs).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Household {
     list_actions: bool,
+    slack: usize,
+}
+
+impl Default for Household {
+    fn default() -> Self {
+        Self::new(false)
+    }
 }
 
 impl Household {
     /// A new environment; `list_actions` adds the admissible actions to every observation.
+    /// Episodes end `STEP_SLACK` steps after the expert's plan ([`Self::with_slack`]).
     pub fn new(list_actions: bool) -> Self {
-        Self { list_actions }
+        Self {
+            list_actions,
+            slack: STEP_SLACK,
+        }
+    }
+
+    /// The same environment with episodes ending `slack` steps after the expert's plan.
+    pub fn with_slack(mut self, slack: usize) -> Self {
+        self.slack = slack;
+        self
     }
 
     /// Like [`Environment::sample`], but returns the concrete episode type.
     pub fn sample_episode(&self, d: &[f64], split: Split, seed: u64) -> HouseholdEpisode {
-        HouseholdEpisode::new(self.draw(d, split, seed), self.list_actions)
+        HouseholdEpisode::new(self.draw(d, split, seed), self.list_actions, self.slack)
     }
 
     fn draw(&self, d: &[f64], split: Split, seed: u64) -> Task {
@@ -632,20 +665,20 @@ pub struct HouseholdEpisode {
 }
 
 impl HouseholdEpisode {
-    fn new(task: Task, list_actions: bool) -> Self {
+    fn new(task: Task, list_actions: bool, slack: usize) -> Self {
         let distance = world::distance(&task.world, task.goal, &task.hints);
         Self {
             world: task.world.clone(),
             task,
             list_actions,
             distance,
-            max_steps: distance + STEP_SLACK,
+            max_steps: distance + slack,
             steps: Vec::new(),
             done: false,
         }
     }
 
-    /// The step budget: the expert's plan length + 4.
+    /// The step budget: the expert's plan length + the environment's `slack` (4 by default).
     pub fn max_steps(&self) -> usize {
         self.max_steps
     }

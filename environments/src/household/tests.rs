@@ -197,6 +197,7 @@ fn task_episode(world: World, goal: Goal, hints: Vec<Hint>) -> HouseholdEpisode 
             prompt,
         },
         false,
+        STEP_SLACK,
     )
 }
 
@@ -555,6 +556,52 @@ fn settings_are_validated() {
     };
     assert!(out.validate().is_err());
     assert_eq!(ok.build().difficulty_space().len(), 4);
+}
+
+/// `slack` sets the horizon with the tasks and the demonstrations fixed: the same seed gives
+/// the same prompt and plan, the budget moves by the slack, and a policy that wastes steps
+/// fails at slack 2 where it still solves at slack 8.
+#[test]
+fn slack_sets_the_horizon_with_the_tasks_fixed() {
+    let d = [0.35; 4];
+    let (tight, wide) = (Household::new(false).with_slack(2), Household::new(false).with_slack(8));
+    for seed in 0..20u64 {
+        let (a, b) = (
+            tight.sample_episode(&d, Split::Train, seed),
+            wide.sample_episode(&d, Split::Train, seed),
+        );
+        assert_eq!(a.prompt(), b.prompt());
+        assert_eq!(a.max_steps(), a.distance() + 2);
+        assert_eq!(b.max_steps(), a.distance() + 8);
+        assert_eq!(
+            tight.demonstration(&d, 0.5, seed),
+            Household::default().demonstration(&d, 0.5, seed)
+        );
+        assert_eq!(
+            wide.demonstration(&d, 0.5, seed),
+            Household::default().demonstration(&d, 0.5, seed)
+        );
+    }
+    // Three wasted steps (`help`), then the expert's plan: solved only with slack >= 3.
+    let (_, plan) = Household::default().demonstration(&d, 0.0, 7);
+    for (env, solved) in [(&tight, false), (&wide, true)] {
+        let mut ep = env.sample_episode(&d, Split::Train, 7);
+        for _ in 0..3 {
+            ep.step("help");
+        }
+        for a in &plan {
+            if !ep.done() {
+                ep.step(a);
+            }
+        }
+        assert!(ep.done());
+        assert_eq!(ep.outcome(), solved, "slack {}", ep.max_steps() - plan.len());
+    }
+    let bad = HouseholdSpec {
+        slack: 41,
+        ..Default::default()
+    };
+    assert!(bad.validate().is_err());
 }
 
 #[test]
