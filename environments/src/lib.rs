@@ -12,6 +12,9 @@
 //! included, is accepted without panicking: a malformed action is a wasted step.
 //!
 //! - [`arith`]: multi-step arithmetic chains (`7+5=12`, `12-3=9`, `A:9`).
+//! - [`corridor`]: a corridor of doors, each with a digit sign, answered `L` (below 5) or `R`
+//!   one door per step; solved with at most `slack` wrong steps (the positive control for
+//!   step credit).
 //! - [`codegen`]: programs in a tiny list language, one line per step, judged by hidden
 //!   tests (`keep x>3`, `map x*2+1`, `fold +`, `ret`).
 //! - [`household`]: a text household game like AlfWorld: rooms, cupboards, devices, goals
@@ -30,6 +33,7 @@
 
 pub mod arith;
 pub mod codegen;
+pub mod corridor;
 pub mod desktop;
 mod draw;
 pub mod household;
@@ -38,6 +42,7 @@ pub mod proposers;
 
 pub use arith::{Arith, ArithConfig, ArithEpisode, ArithSpec};
 pub use codegen::{Codegen, CodegenEpisode, CodegenSpec};
+pub use corridor::{Corridor, CorridorEpisode, CorridorSpec};
 pub use desktop::{Desktop, DesktopEpisode, DesktopSpec};
 pub use household::{Household, HouseholdEpisode, HouseholdSpec};
 pub use process::{ProcessEnv, ProcessEpisode, ProcessSpec};
@@ -52,9 +57,10 @@ mod tests {
     /// action format (a from-scratch model learns it from the warm start instead).
     #[test]
     fn every_environment_tells_a_chat_model_its_action_format() {
-        let envs: [(Box<dyn rlany_framework::Environment>, &str); 4] = [
+        let envs: [(Box<dyn rlany_framework::Environment>, &str); 5] = [
             (ArithSpec::default().build(), "A: <value>"),
             (CodegenSpec::default().build(), "ret"),
+            (CorridorSpec::default().build(), "answer L or R"),
             (HouseholdSpec::default().build(), "take OBJECT"),
             (DesktopSpec::default().build(), "click(ID)"),
         ];

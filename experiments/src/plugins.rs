@@ -60,6 +60,9 @@ plugins! {
         Arith(rlany_envs::ArithSpec),
         /// Programs in a tiny list language judged by hidden tests (`rlany_envs::codegen`).
         Codegen(rlany_envs::CodegenSpec),
+        /// Doors answered `L` or `R` by a digit sign, the positive control for step credit
+        /// (`rlany_envs::corridor`).
+        Corridor(rlany_envs::CorridorSpec),
         /// A text household game like AlfWorld (`rlany_envs::household`).
         Household(rlany_envs::HouseholdSpec),
         /// Computer control on a simulated editor, like OSWorld (`rlany_envs::desktop`).

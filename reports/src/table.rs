@@ -29,6 +29,25 @@ pub enum ColumnValue {
     /// `keys[0] / (keys[0] + keys[1])` of the two keys' final values; undefined (no value, not
     /// 0) when the sum is 0.
     Share,
+    /// The mean of `keys[0]` over the last quarter of the run's training steps (steps
+    /// `s > L − L/4` of a run whose last step is `L`: 31–40 of 40): a training-time measure
+    /// over hundreds of rollouts instead of one final value.
+    LastQuarterMean,
+    /// The mean of `keys[0]` over the first quarter of the training steps (`1 ≤ s ≤ L/4`).
+    FirstQuarterMean,
+}
+
+impl ColumnValue {
+    /// The training steps a quarter column averages over, for a run whose last step is
+    /// `last`; `None` for the final-value kinds.
+    pub fn steps(self, last: u64) -> Option<std::ops::RangeInclusive<u64>> {
+        let q = (last / 4).max(1);
+        match self {
+            ColumnValue::LastQuarterMean => Some(last.saturating_sub(q) + 1..=last),
+            ColumnValue::FirstQuarterMean => Some(1..=q.min(last)),
+            ColumnValue::FirstKey | ColumnValue::Share => None,
+        }
+    }
 }
 
 /// A table column: a final metric value.
@@ -48,7 +67,9 @@ impl Column {
     /// Whether `run` logs what this column needs (one of its keys, or both for a share).
     pub fn logged_by(&self, run: &Run) -> bool {
         match self.value {
-            ColumnValue::FirstKey => run.first_key(self.keys).is_some(),
+            ColumnValue::FirstKey
+            | ColumnValue::LastQuarterMean
+            | ColumnValue::FirstQuarterMean => run.first_key(self.keys).is_some(),
             ColumnValue::Share => self.keys.iter().all(|k| run.has(k)),
         }
     }
@@ -58,7 +79,7 @@ impl Column {
 pub const ACCEPT_RATE: &str = "accepted-proposal rate";
 
 /// Every column the table can have; those no run logs are left out.
-pub const COLUMNS: [Column; 11] = [
+pub const COLUMNS: [Column; 15] = [
     Column {
         header: "acc ID",
         keys: &["eval/acc_id"],
@@ -125,6 +146,30 @@ pub const COLUMNS: [Column; 11] = [
         kind: ColumnKind::Rate,
         value: ColumnValue::Share,
     },
+    Column {
+        header: "train success, last ¼",
+        keys: &["env/acc_mean"],
+        kind: ColumnKind::Accuracy,
+        value: ColumnValue::LastQuarterMean,
+    },
+    Column {
+        header: "acc at the training difficulty",
+        keys: &["eval/acc_start"],
+        kind: ColumnKind::Accuracy,
+        value: ColumnValue::FirstKey,
+    },
+    Column {
+        header: "right steps in training, last ¼",
+        keys: &["env/step_acc"],
+        kind: ColumnKind::Rate,
+        value: ColumnValue::LastQuarterMean,
+    },
+    Column {
+        header: "groups with outcome signal (of the used), first ¼",
+        keys: &["policy/mixed_groups"],
+        kind: ColumnKind::Count,
+        value: ColumnValue::FirstQuarterMean,
+    },
 ];
 
 /// One experiment's row.
@@ -168,6 +213,24 @@ impl Table {
             match c.value {
                 ColumnValue::FirstKey => key_mix_note(suite, c, &mut notes),
                 ColumnValue::Share => share_note(suite, c, &mut notes),
+                ColumnValue::LastQuarterMean | ColumnValue::FirstQuarterMean => {
+                    notes.push(format!(
+                        "`{}`: the mean of `{}` over the {} quarter of each run's training steps \
+                         (e.g. {} of 40), not a final value",
+                        c.header,
+                        c.keys[0],
+                        if c.value == ColumnValue::LastQuarterMean {
+                            "last"
+                        } else {
+                            "first"
+                        },
+                        if c.value == ColumnValue::LastQuarterMean {
+                            "steps 31–40"
+                        } else {
+                            "steps 1–10"
+                        }
+                    ));
+                }
             }
         }
         let rows = suite
@@ -318,6 +381,16 @@ fn run_value(run: &Run, c: &Column, notes: &mut Vec<String>) -> Option<f64> {
             let x = final_number(run, a, c, notes)?;
             let y = final_number(run, b, c, notes)?;
             share(x, y)
+        }
+        ColumnValue::LastQuarterMean | ColumnValue::FirstQuarterMean => {
+            let steps = c.value.steps(run.last_step()?)?;
+            let xs: Vec<f64> = run
+                .series(c.keys[0])
+                .into_iter()
+                .filter(|(s, _)| steps.contains(s))
+                .map(|(_, v)| v)
+                .collect();
+            (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64)
         }
     }
 }
@@ -576,5 +649,50 @@ mod tests {
         assert!(md.contains("x (1 of 3 runs)"), "{md}");
         // Not ranked: the higher rate (y's) is not bold.
         assert!(md.contains(" | 0.750 ± 0.621 |\n"), "{md}");
+    }
+
+    /// A run of 8 steps whose `env/acc_mean` at step `s` is `base + s / 100` and whose
+    /// `policy/mixed_groups` is `s`.
+    fn training_run(exp: &str, seed: u64, base: f64) -> Run {
+        let line = |step: u64| MetricsLine {
+            step,
+            values: [
+                ("env/acc_mean".to_string(), Some(base + step as f64 / 100.0)),
+                ("policy/mixed_groups".to_string(), Some(step as f64)),
+            ]
+            .into_iter()
+            .collect(),
+        };
+        Run {
+            lines: (1..=8).map(line).collect(),
+            ..run(exp, seed, 0.0, 0.0)
+        }
+    }
+
+    #[test]
+    fn quarter_columns_average_the_first_and_last_quarter_of_training() {
+        assert_eq!(ColumnValue::LastQuarterMean.steps(40), Some(31..=40));
+        assert_eq!(ColumnValue::FirstQuarterMean.steps(40), Some(1..=10));
+        assert_eq!(ColumnValue::LastQuarterMean.steps(2), Some(2..=2));
+        assert_eq!(ColumnValue::FirstKey.steps(40), None);
+        // Last quarter of 8 steps: 7, 8 → base + 0.075; first: 1, 2 → 1.5 mixed groups.
+        let runs = vec![
+            training_run("x", 1, 0.1),
+            training_run("x", 2, 0.3),
+            training_run("y", 1, 0.2),
+            training_run("y", 2, 0.5),
+        ];
+        let t = Table::build(&Suite::from_runs(runs, &[]));
+        let col = |h: &str| t.columns.iter().position(|c| c.header == h).expect(h);
+        let (last, first) = (
+            col("train success, last ¼"),
+            col("groups with outcome signal (of the used), first ¼"),
+        );
+        let x = t.rows[0].cells[last].expect("x");
+        assert!((x.mean - 0.275).abs() < 1e-12, "{}", x.mean);
+        assert!((t.rows[0].cells[first].expect("x").mean - 1.5).abs() < 1e-12);
+        // y − x per seed: +0.1, +0.2 → +0.15.
+        let d = t.rows[1].diffs[last].expect("paired");
+        assert!((d.mean - 0.15).abs() < 1e-12);
     }
 }

@@ -204,7 +204,9 @@ fn table_numbers_match_hand_computation() {
             "judge outcome acc",
             "proposals accepted",
             "proposals rejected",
-            "accepted-proposal rate"
+            "accepted-proposal rate",
+            "train success, last ¼",
+            "right steps in training, last ¼"
         ]
     );
     assert_eq!(t.columns[8].kind, ColumnKind::Rate);
@@ -266,15 +268,17 @@ fn table_numbers_match_hand_computation() {
     };
     assert_eq!(
         row("a_outcome_only"),
-        "| a_outcome_only | 3 | 0.625 ± 0.311 | 0.333 ± 0.179 | – | – | – | – | 0.0 ± 0.0 | 0.0 ± 0.0 | – |"
+        // The last quarter of 10 steps (9, 10): env/acc_mean 0.5 + 0.02 · 9.5 + 0.01 · seed →
+        // 0.70, 0.71, 0.72 (± t(2) · 0.01 / √3 = 0.025); env/step_acc 0.7 + 0.01 · 9.5.
+        "| a_outcome_only | 3 | 0.625 ± 0.311 | 0.333 ± 0.179 | – | – | – | – | 0.0 ± 0.0 | 0.0 ± 0.0 | – | **0.710 ± 0.025** | 0.795 ± 0.000 |"
     );
     assert_eq!(
         row("b_policy_judge"),
-        "| b_policy_judge | 3 | 0.750 ± 0.311 | 0.417 ± 0.359 | 0.850 ± 0.124 | 0.650 ± 0.124 | – | 0.650 ± 0.635 (n=2) | 3.3 ± 3.8 | 1.0 ± 2.5 | 0.750 ± 0.621 |"
+        "| b_policy_judge | 3 | 0.750 ± 0.311 | 0.417 ± 0.359 | 0.850 ± 0.124 | 0.650 ± 0.124 | – | 0.650 ± 0.635 (n=2) | 3.3 ± 3.8 | 1.0 ± 2.5 | 0.750 ± 0.621 | 0.697 ± 0.038 | 0.788 ± 0.029 |"
     );
     assert_eq!(
         row("c_env_gp"),
-        "| c_env_gp | 1 | **0.812 (n=1)** | **0.562 (n=1)** | **0.900 (n=1)** | **0.750 (n=1)** | 0.825 (n=1) | **0.750 (n=1)** | 3.0 (n=1) | 2.0 (n=1) | 0.600 (n=1) |"
+        "| c_env_gp | 1 | **0.812 (n=1)** | **0.562 (n=1)** | **0.900 (n=1)** | **0.750 (n=1)** | 0.825 (n=1) | **0.750 (n=1)** | 3.0 (n=1) | 2.0 (n=1) | 0.600 (n=1) | 0.700 (n=1) | 0.795 (n=1) |"
     );
     assert!(
         md.contains("| b_policy_judge | a_outcome_only | 1, 2, 3 | +0.125 ± 0.538 |"),
