@@ -94,7 +94,13 @@ pub fn evaluate<B: Backend, M: CausalLm<B>>(
     } = *spec;
     let mut task_rng = Rng::derive(seed, stream);
     let tasks: Vec<_> = (0..n)
-        .map(|i| (points[i % points.len().max(1)].clone(), split, task_rng.next_u64()))
+        .map(|i| {
+            (
+                points[i % points.len().max(1)].clone(),
+                split,
+                task_rng.next_u64(),
+            )
+        })
         .collect();
     let episodes = (0..n).zip(env.sample_many(&tasks)).collect();
     let params = SampleParams {

@@ -25,6 +25,13 @@ pub trait EnvironmentPlugin {
     fn start_difficulty(&self) -> Difficulty;
     /// The environment these settings describe (called after [`Self::validate`] passed).
     fn build(&self) -> Box<dyn Environment>;
+    /// Settings (field names) that change neither the tasks nor the expert's demonstrations —
+    /// only what the oracle labels right, say. The policy's warm-start cache key leaves them
+    /// out, so runs that differ in them share one warm start (a learned judge's key keeps
+    /// them: its warm start reads the labels).
+    fn label_only_fields(&self) -> &'static [&'static str] {
+        &[]
+    }
 }
 
 /// What a proposer may need besides its own settings.

@@ -300,7 +300,12 @@ pub fn policy_samples(batch: &mut StepBatch, reward: &crate::experiment::RewardS
                 let verdicts: Vec<Vec<f64>> = g
                     .members
                     .iter()
-                    .map(|&i| batch.verdicts[i].iter().map(|v| reward::mean_verdict(v)).collect())
+                    .map(|&i| {
+                        batch.verdicts[i]
+                            .iter()
+                            .map(|v| reward::mean_verdict(v))
+                            .collect()
+                    })
                     .collect();
                 decomposed_advantages(&outcomes, &verdicts, lambda)
             }
@@ -508,7 +513,10 @@ pub fn step_metrics(
     m.set("policy/kept_groups", batch.kept_groups as f64);
     let sig = &batch.signal;
     m.set("policy/uniform_groups", sig.uniform_groups as f64);
-    m.set("policy/mixed_groups", (sig.groups - sig.uniform_groups) as f64);
+    m.set(
+        "policy/mixed_groups",
+        (sig.groups - sig.uniform_groups) as f64,
+    );
     m.set("policy/units", sig.units as f64);
     m.set("policy/uniform_units", sig.uniform_units as f64);
     let used_tokens: usize = used

@@ -273,8 +273,12 @@ fn json<T: Serialize>(v: &T) -> serde_json::Value {
 impl Settings {
     fn of<E: EnvironmentChoice, A: AdaptationChoice>(exp: &Experiment<E, A>) -> Self {
         let proposer = exp.adaptation.plugin();
+        let environment = warmcache::without_fields(
+            json(&exp.environment),
+            exp.environment.plugin().label_only_fields(),
+        );
         let mut warm_policy_inputs = serde_json::json!({
-            "environment": json(&exp.environment),
+            "environment": environment,
             "model": json(&exp.policy.model),
             "warm_start": json(&exp.policy.warm_start),
             "max_grad_norm": exp.ppo().max_grad_norm,
@@ -285,8 +289,10 @@ impl Settings {
         if exp.shards != 1 {
             warm_policy_inputs["shards"] = exp.shards.into();
         }
+        let mut judge_policy = warm_policy_inputs.clone();
+        judge_policy["environment"] = json(&exp.environment);
         let warm_judge_inputs = serde_json::json!({
-            "policy": warm_policy_inputs.clone(),
+            "policy": judge_policy,
             "judge": exp.judge.model().map(|j| (json(&j.model), json(&j.warm_start))),
             "sampling": json(&exp.policy.sampling),
             "max_env_steps": exp.budget.max_env_steps,
@@ -1022,11 +1028,7 @@ where
         let grid = crate::eval::grid(&levels, self.dims.len());
         let start = [self.cfg.start.clone()];
         let with_start = b.eval_start_tasks > 0;
-        let mut pb = progress::bar(
-            3 + u64::from(with_start),
-            "eval",
-            self.opts.progress,
-        );
+        let mut pb = progress::bar(3 + u64::from(with_start), "eval", self.opts.progress);
         let run_split = |split, points: &[Difficulty], stream, tasks| {
             let spec = EvalSpec {
                 split,
@@ -1042,7 +1044,8 @@ where
             };
             evaluate(&policy, self.env, self.tok, &spec)
         };
-        let grid_split = |split| run_split(split, &grid, crate::eval::grid_stream(split), b.eval_tasks);
+        let grid_split =
+            |split| run_split(split, &grid, crate::eval::grid_stream(split), b.eval_tasks);
         let id = grid_split(Split::Eval)?;
         pb.inc(1);
         let ood = grid_split(Split::Ood)?;

@@ -169,6 +169,22 @@ impl WarmCache {
     }
 }
 
+/// An environment's settings as written in an experiment file (`{"Name": {fields}}`) less
+/// `fields`: what a warm start's key holds of settings that change only the oracle's labels
+/// ([`crate::plugin::EnvironmentPlugin::label_only_fields`]).
+pub fn without_fields(mut env: serde_json::Value, fields: &[&str]) -> serde_json::Value {
+    if let Some(settings) = env
+        .as_object_mut()
+        .and_then(|o| o.values_mut().next())
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        for f in fields {
+            settings.remove(*f);
+        }
+    }
+    env
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,5 +253,16 @@ mod tests {
                 "second claim granted too early"
             );
         });
+    }
+
+    #[test]
+    fn label_only_fields_leave_the_key() {
+        let a = serde_json::json!({"Household": {"difficulty": [0.6], "label": "Belief"}});
+        let b = serde_json::json!({"Household": {"difficulty": [0.6]}});
+        assert_eq!(without_fields(a.clone(), &["label"]), b);
+        assert_eq!(without_fields(a.clone(), &[]), a);
+        // A unit variant or a non-object is left as it is.
+        let unit = serde_json::json!("Static");
+        assert_eq!(without_fields(unit.clone(), &["label"]), unit);
     }
 }

@@ -67,7 +67,11 @@ pub(crate) fn plan_all(suite: &Suite) -> (Vec<Planned>, Vec<String>) {
     ];
     out.extend(GridTable::build(suite).map(|g| grid_figure(suite, &g)));
     out.extend(sweep.figure);
+    out.extend(crate::regime::plan(suite));
     out.push(judge_figure(suite));
+    if suite.runs().any(|r| r.has("env/acc_mean")) {
+        out.push(training_figure(suite));
+    }
     out.push(diagnostics_figure(suite));
     out.extend(difficulty_figures(suite));
     out.extend(posterior_figures(suite));
@@ -596,9 +600,41 @@ const DIAGNOSTICS: [(&str, &str, &str); 9] = [
     ("judge grad norm", "judge/grad_norm", "L2 norm"),
 ];
 
-fn diagnostics_figure(suite: &Suite) -> Planned {
+/// The training-signal panels: title, key, y label.
+const TRAINING: [(&str, &str, &str); 4] = [
+    (
+        "training success",
+        "env/acc_mean",
+        "success rate of the step's groups",
+    ),
+    (
+        "right steps",
+        "env/step_acc",
+        "share of the rollouts' steps",
+    ),
+    (
+        "groups with outcome signal",
+        "policy/mixed_groups",
+        "groups (not all solved or all failed)",
+    ),
+    (
+        "trained steps in outcome-uniform groups",
+        "policy/uniform_units",
+        "steps with an advantage",
+    ),
+];
+
+/// Small multiples of one curve per experiment for each `(title, key, y label)` panel.
+fn panels_figure(
+    suite: &Suite,
+    stem: &str,
+    title: &str,
+    specs: &[(&str, &str, &str)],
+    caption: String,
+    first_key: &str,
+) -> Planned {
     let mut shown = Vec::new();
-    let panels = DIAGNOSTICS
+    let panels = specs
         .iter()
         .map(|&(title, key, y)| {
             let (p, s) = experiments_panel(
@@ -613,20 +649,18 @@ fn diagnostics_figure(suite: &Suite) -> Planned {
             p
         })
         .collect();
-    let mut caption = format!(
-        "Training diagnostics per step (small multiples): mean step reward, and the PPO statistics of the policy and (where one is trained) the judge: KL to the reference, clip fraction, entropy, gradient norm before clipping. {BAND_NOTE}"
-    );
+    let mut caption = caption;
     append_notes(
         &mut caption,
-        &coverage_notes(suite, &["reward/step_mean"], XAxis::Step),
+        &coverage_notes(suite, &[first_key], XAxis::Step),
         &[],
     );
     Planned {
         section: Section::Diagnostics,
-        stem: "diagnostics".into(),
+        stem: stem.into(),
         figure: Figure {
-            title: "Training diagnostics".into(),
-            cols: 3,
+            title: title.into(),
+            cols: if specs.len() == 4 { 2 } else { 3 },
             panel: (330, 290),
             panels,
             legend: legend_for(suite, &dedup_sorted(shown), true),
@@ -634,6 +668,35 @@ fn diagnostics_figure(suite: &Suite) -> Planned {
         caption,
         after: None,
     }
+}
+
+/// Where the policy's training signal came from, per step: the training rollouts' success and
+/// right-step share, how many groups carried outcome signal, and how many steps were trained
+/// in outcome-uniform groups (only a step reward can tell their rollouts apart).
+fn training_figure(suite: &Suite) -> Planned {
+    panels_figure(
+        suite,
+        "training",
+        "Training signal",
+        &TRAINING,
+        format!(
+            "Per training step: the success rate of the step's own groups (`env/acc_mean`), the share of their steps the oracle labels right (`env/step_acc`), the groups whose rollouts neither all solved nor all failed (`policy/mixed_groups`: outcome signal), and the steps that got an advantage in outcome-uniform groups (`policy/uniform_units`: 0 unless step rewards reach them with the policy band off). {BAND_NOTE}"
+        ),
+        "env/acc_mean",
+    )
+}
+
+fn diagnostics_figure(suite: &Suite) -> Planned {
+    panels_figure(
+        suite,
+        "diagnostics",
+        "Training diagnostics",
+        &DIAGNOSTICS,
+        format!(
+            "Training diagnostics per step (small multiples): mean step reward, and the PPO statistics of the policy and (where one is trained) the judge: KL to the reference, clip fraction, entropy, gradient norm before clipping. {BAND_NOTE}"
+        ),
+        "reward/step_mean",
+    )
 }
 
 /// Seed colours: the palette without green and red (kept for accepted/rejected).

@@ -29,6 +29,7 @@ mod figures;
 mod glyphs;
 pub mod grid;
 mod plot;
+mod regime;
 pub mod runs;
 pub mod stats;
 pub mod suite;

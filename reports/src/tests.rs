@@ -88,6 +88,7 @@ fn fixture_report_writes_every_figure() {
             "eval_acc_rollouts",
             "eval_acc_grid",
             "judge",
+            "training",
             "diagnostics",
             "difficulty_a_outcome_only",
             "difficulty_b_policy_judge",
@@ -97,8 +98,9 @@ fn fixture_report_writes_every_figure() {
         ]
     );
     // Widths are fixed by the layout: panels × columns.
-    // The grid figure: one 330 px panel per experiment with grid keys (b and c).
-    let widths = [960, 960, 660, 990, 990, 990, 990, 990, 990, 960];
+    // The grid figure: one 330 px panel per experiment with grid keys (b and c); the training
+    // figure: 2 columns of 330 px.
+    let widths = [960, 960, 660, 990, 660, 990, 990, 990, 990, 990, 960];
     let report = fs::read_to_string(&s.report).expect("report.md");
     for (f, w) in s.figures.iter().zip(widths) {
         let (pw, ph) = png_size(&f.png);
@@ -118,7 +120,7 @@ fn fixture_report_writes_every_figure() {
         );
     }
     // The posterior figure: 3 snapshots × 3 dimensions, 300 px panels.
-    let post = &s.figures[8];
+    let post = &s.figures[9];
     assert!(post.height >= 44 + 3 * 300);
     for section in [
         "## 1. Evaluation accuracy",

@@ -100,7 +100,11 @@
 //! expert's distance*: the action was valid and the number of actions the expert planner
 //! ([`world::expert`]) needs from the new state is smaller than from the old. The planner acts
 //! on what the agent has seen (and the hints), so opening the cupboard the expert would open
-//! first is progress even when it is empty, while opening another empty one is not.
+//! first is progress even when it is empty, while opening another empty one is not — the
+//! label's *foresight* (the default, `label: Foresight`). With `label: Belief` a step is also
+//! right when it is one of the expert's equally good search choices given what the agent has
+//! seen ([`world::expert_choices`]: any unseen cupboard of a room that may hold the object,
+//! any unexplored room that may); the label changes nothing else.
 //!
 //! `step_dims(i)` is structural: what the expert's action at that state exercises — `go` →
 //! `rooms`, `open` → `search`, a device or the second object's `take`/`put` → `goal`;
@@ -184,6 +188,32 @@ pub struct HouseholdSpec {
     /// warm-start cache keys of files that do not set it are the ones made before it.
     #[serde(skip_serializing_if = "is_default_slack")]
     pub slack: usize,
+    /// What the oracle calls a right step (`Foresight`: the expert's distance in the true
+    /// world shrank; `Belief`: that, or a search step the expert could have taken given what
+    /// the agent has seen). Changes labels only (metrics, the synthetic judge, a learned
+    /// judge's warm start), never the tasks, the outcome or the demonstrations.
+    #[serde(skip_serializing_if = "Label::is_default")]
+    pub label: Label,
+}
+
+/// Which oracle labels a household step (the module docs, "Outcome, oracle labels").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Label {
+    /// Right iff the step shortened the expert's remaining plan in the true world: opening
+    /// the cupboard the expert searches first is right even when it is empty, opening
+    /// another cupboard that may equally hold the object and is empty is wrong.
+    #[default]
+    Foresight,
+    /// Right iff `Foresight` says so or the step is one of the expert's equally good search
+    /// choices given what the agent has seen ([`world::expert_choices`]): no foresight of
+    /// what the shut cupboards hold.
+    Belief,
+}
+
+impl Label {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 fn is_default_slack(slack: &usize) -> bool {
@@ -196,6 +226,7 @@ impl Default for HouseholdSpec {
             difficulty: vec![0.2; 4],
             list_actions: false,
             slack: STEP_SLACK,
+            label: Label::Foresight,
         }
     }
 }
@@ -214,8 +245,16 @@ impl EnvironmentPlugin for HouseholdSpec {
         self.difficulty.clone()
     }
 
+    fn label_only_fields(&self) -> &'static [&'static str] {
+        &["label"]
+    }
+
     fn build(&self) -> Box<dyn Environment> {
-        Box::new(Household::new(self.list_actions).with_slack(self.slack))
+        Box::new(
+            Household::new(self.list_actions)
+                .with_slack(self.slack)
+                .with_label(self.label),
+        )
     }
 }
 
@@ -233,6 +272,7 @@ struct Task {
 pub struct Household {
     list_actions: bool,
     slack: usize,
+    label: Label,
 }
 
 impl Default for Household {
@@ -248,7 +288,14 @@ impl Household {
         Self {
             list_actions,
             slack: STEP_SLACK,
+            label: Label::Foresight,
         }
+    }
+
+    /// The same environment with the oracle `label`.
+    pub fn with_label(mut self, label: Label) -> Self {
+        self.label = label;
+        self
     }
 
     /// The same environment with episodes ending `slack` steps after the expert's plan.
@@ -259,7 +306,10 @@ impl Household {
 
     /// Like [`Environment::sample`], but returns the concrete episode type.
     pub fn sample_episode(&self, d: &[f64], split: Split, seed: u64) -> HouseholdEpisode {
-        HouseholdEpisode::new(self.draw(d, split, seed), self.list_actions, self.slack)
+        let mut ep =
+            HouseholdEpisode::new(self.draw(d, split, seed), self.list_actions, self.slack);
+        ep.label = self.label;
+        ep
     }
 
     fn draw(&self, d: &[f64], split: Split, seed: u64) -> Task {
@@ -662,6 +712,7 @@ pub struct HouseholdEpisode {
     max_steps: usize,
     steps: Vec<StepRecord>,
     done: bool,
+    label: Label,
 }
 
 impl HouseholdEpisode {
@@ -675,6 +726,7 @@ impl HouseholdEpisode {
             max_steps: distance + slack,
             steps: Vec::new(),
             done: false,
+            label: Label::Foresight,
         }
     }
 
@@ -741,12 +793,17 @@ impl Episode for HouseholdEpisode {
             };
         }
         let expert = self.expert_action();
+        let choices = match self.label {
+            Label::Foresight => Vec::new(),
+            Label::Belief => world::expert_choices(&self.world, self.task.goal, &self.task.hints),
+        };
         let placed = self.placed();
         let before = self.distance;
         let out = self.world.act(action.trim(), self.task.goal);
         let label = out.valid && {
             self.distance = world::distance(&self.world, self.task.goal, &self.task.hints);
-            self.distance < before
+            let said = action.split_whitespace().collect::<Vec<_>>().join(" ");
+            self.distance < before || choices.iter().any(|c| *c == said)
         };
         self.steps.push(StepRecord {
             label,

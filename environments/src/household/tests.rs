@@ -564,7 +564,10 @@ fn settings_are_validated() {
 #[test]
 fn slack_sets_the_horizon_with_the_tasks_fixed() {
     let d = [0.35; 4];
-    let (tight, wide) = (Household::new(false).with_slack(2), Household::new(false).with_slack(8));
+    let (tight, wide) = (
+        Household::new(false).with_slack(2),
+        Household::new(false).with_slack(8),
+    );
     for seed in 0..20u64 {
         let (a, b) = (
             tight.sample_episode(&d, Split::Train, seed),
@@ -595,7 +598,12 @@ fn slack_sets_the_horizon_with_the_tasks_fixed() {
             }
         }
         assert!(ep.done());
-        assert_eq!(ep.outcome(), solved, "slack {}", ep.max_steps() - plan.len());
+        assert_eq!(
+            ep.outcome(),
+            solved,
+            "slack {}",
+            ep.max_steps() - plan.len()
+        );
     }
     let bad = HouseholdSpec {
         slack: 41,
@@ -615,4 +623,80 @@ fn prompts_are_bounded() {
         longest = longest.max(env.sample_episode(&d, split, seed).prompt().chars().count());
     }
     assert!(longest <= MAX_PROMPT_CHARS, "{longest}");
+}
+
+/// Without foresight: at a room with two shut cupboards that may hold the egg, opening either
+/// is a right step; with foresight only the one the expert searches first is (the egg is in
+/// it, so the other one is not on the expert's plan).
+#[test]
+fn the_belief_label_accepts_every_equally_good_search_step() {
+    let mut w = house();
+    w.recs.push(Receptacle {
+        name: "drawer",
+        room: 0,
+        container: true,
+        open: false,
+        inside: None,
+        tool: None,
+    });
+    w.seen.push(false);
+    w.objs[0].at = Place::In(2); // the egg is in the fridge
+    w.look();
+    assert_eq!(
+        world::expert_choices(&w, HOT_EGG, &[Hint::None]),
+        ["open fridge", "open drawer"]
+    );
+    assert_eq!(
+        world::expert(&w, HOT_EGG, &[Hint::None]).as_deref(),
+        Some("open fridge")
+    );
+    for (label, drawer_right) in [(Label::Foresight, false), (Label::Belief, true)] {
+        let mut ep = task_episode(w.clone(), HOT_EGG, vec![Hint::None]);
+        ep.label = label;
+        ep.step("open  drawer"); // empty, and not on the expert's plan
+        ep.step("open fridge"); // the expert's own choice: right under both
+        ep.step("open drawer"); // already open: invalid, wrong under both
+        ep.step("take egg"); // right under both
+        let labels: Vec<bool> = (0..4).map(|i| ep.oracle_label(i)).collect();
+        assert_eq!(labels, [drawer_right, true, false, true], "{label:?}");
+    }
+}
+
+/// The label changes nothing but labels: the same actions give the same observations and
+/// outcome under both, and every step right with foresight is right without it.
+#[test]
+fn the_belief_label_only_adds_right_steps() {
+    let (fore, belief) = (
+        Household::default(),
+        Household::default().with_label(Label::Belief),
+    );
+    let (mut more, mut total) = (0, 0);
+    let mut rng = Rng::new(5);
+    for seed in 0..300u64 {
+        let d = [0.6; 4];
+        let mut a = fore.sample_episode(&d, Split::Train, seed);
+        let mut b = belief.sample_episode(&d, Split::Train, seed);
+        // Half the steps the expert's action, half a random admissible one.
+        while !a.done() {
+            let act = match a.expert_action() {
+                Some(e) if rng.uniform() < 0.5 => e,
+                _ => {
+                    let can = a.world.admissible();
+                    can[(rng.uniform() * can.len() as f64) as usize % can.len()].clone()
+                }
+            };
+            assert_eq!(a.step(&act), b.step(&act));
+        }
+        assert_eq!(a.outcome(), b.outcome());
+        for i in 0..a.steps_taken() {
+            assert!(
+                !a.oracle_label(i) || b.oracle_label(i),
+                "seed {seed} step {i}"
+            );
+            more += usize::from(b.oracle_label(i) && !a.oracle_label(i));
+            total += 1;
+        }
+    }
+    // Random steps open cupboards off the expert's plan: some of them are belief-right.
+    assert!(more > 0 && more < total, "{more} of {total}");
 }

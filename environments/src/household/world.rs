@@ -481,6 +481,21 @@ pub enum Hint {
 ///    it), else go to the first room (in the prompt's order) that may hold it and was not
 ///    visited yet or has a cupboard not yet looked into.
 pub fn expert(w: &World, goal: Goal, hints: &[Hint]) -> Option<String> {
+    expert_choices(w, goal, hints).into_iter().next()
+}
+
+/// Every action the expert could take next if it broke its ties another way: its one action
+/// in rules 1–4 (nothing hidden decides them), and in rule 5 (search) every unseen container
+/// of this room when this room may hold an unfound goal object, else every other room that
+/// may hold one and is unexplored. [`expert`] takes the first (listing order). Empty when the
+/// goal holds or nothing is left to try. These are the steps on an optimal plan *given what
+/// the agent has observed*: no search choice among them is better than another before the
+/// containers are opened.
+pub fn expert_choices(w: &World, goal: Goal, hints: &[Hint]) -> Vec<String> {
+    choices(w, goal, hints).unwrap_or_default()
+}
+
+fn choices(w: &World, goal: Goal, hints: &[Hint]) -> Option<Vec<String>> {
     if w.satisfied(goal) {
         return None;
     }
@@ -501,21 +516,23 @@ pub fn expert(w: &World, goal: Goal, hints: &[Hint]) -> Option<String> {
             if let Some(tool) = tool {
                 let device = w.recs.iter().position(|r| r.tool == Some(tool))?;
                 if w.recs[device].room != w.agent {
-                    return Some(go(w.recs[device].room));
+                    return Some(vec![go(w.recs[device].room)]);
                 }
-                return Some(tool.verb().to_string());
+                return Some(vec![tool.verb().to_string()]);
             }
             let dest = dest?;
             if w.recs[dest].room != w.agent {
-                return Some(go(w.recs[dest].room));
+                return Some(vec![go(w.recs[dest].room)]);
             }
-            return Some(open_or(w, dest, || format!("put {}", w.recs[dest].name)));
+            return Some(vec![open_or(w, dest, || {
+                format!("put {}", w.recs[dest].name)
+            })]);
         }
         let spot = w
             .here()
             .into_iter()
             .find(|&r| w.recs[r].container && w.recs[r].open)?;
-        return Some(format!("put {}", w.recs[spot].name));
+        return Some(vec![format!("put {}", w.recs[spot].name)]);
     }
     // Hands empty: the goal objects not yet in place, and which of them are known.
     let in_place = |o: &Object| match goal {
@@ -537,7 +554,7 @@ pub fn expert(w: &World, goal: Goal, hints: &[Hint]) -> Option<String> {
     targets.sort_by_key(|&r| (w.recs[r].room != w.agent, r));
     if let Some(&r) = targets.first() {
         if w.recs[r].room != w.agent {
-            return Some(go(w.recs[r].room));
+            return Some(vec![go(w.recs[r].room)]);
         }
         // Open the outermost shut receptacle on the way to it.
         let mut chain = vec![r];
@@ -545,9 +562,9 @@ pub fn expert(w: &World, goal: Goal, hints: &[Hint]) -> Option<String> {
             chain.push(p);
         }
         if let Some(&shut) = chain.iter().rev().find(|&&c| !w.recs[c].open) {
-            return Some(format!("open {}", w.recs[shut].name));
+            return Some(vec![format!("open {}", w.recs[shut].name)]);
         }
-        return Some(format!("take {obj}"));
+        return Some(vec![format!("take {obj}")]);
     }
     // Search the rooms that may hold an unfound one.
     let unknown: Vec<usize> = wanted
@@ -562,13 +579,16 @@ pub fn expert(w: &World, goal: Goal, hints: &[Hint]) -> Option<String> {
             _ => true,
         })
     };
-    if may_hold(w.agent)
-        && let Some(r) = w
+    if may_hold(w.agent) {
+        let here: Vec<String> = w
             .here()
             .into_iter()
-            .find(|&r| w.recs[r].container && !w.seen[r])
-    {
-        return Some(format!("open {}", w.recs[r].name));
+            .filter(|&r| w.recs[r].container && !w.seen[r])
+            .map(|r| format!("open {}", w.recs[r].name))
+            .collect();
+        if !here.is_empty() {
+            return Some(here);
+        }
     }
     // A room not yet visited, or one where an open cupboard showed a shut one inside.
     let unexplored = |room: usize| {
@@ -577,9 +597,11 @@ pub fn expert(w: &World, goal: Goal, hints: &[Hint]) -> Option<String> {
                 w.recs[r].room == room && w.recs[r].container && !w.seen[r] && w.visible(r)
             })
     };
-    (0..w.rooms.len())
-        .find(|&r| r != w.agent && unexplored(r) && may_hold(r))
+    let rooms: Vec<String> = (0..w.rooms.len())
+        .filter(|&r| r != w.agent && unexplored(r) && may_hold(r))
         .map(go)
+        .collect();
+    (!rooms.is_empty()).then_some(rooms)
 }
 
 /// The device an already-prepared goal object still needs: the lamp for `Examine`.
