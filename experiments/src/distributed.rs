@@ -103,6 +103,10 @@ pub fn run_spread(
     args: &PlacementArgs,
     opts: &(dyn Fn(u64) -> TrainOptions + Sync),
 ) -> Result<()> {
+    // Without the distributed build, say so first: no setting can make the run possible.
+    if cfg!(not(feature = "distributed")) {
+        return imp::run_spread(exp, seeds, args, &[], opts);
+    }
     args.validate(exp.shards)?;
     let devices = args
         .devices

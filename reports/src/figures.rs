@@ -49,7 +49,7 @@ pub(crate) const OUTCOME: &[&str] = &["judge/outcome_acc"];
 
 const ACC: &str = "accuracy (0–1)";
 const STEP: &str = "training step";
-const BAND_NOTE: &str = "Lines: mean over seeds; bands: 95% CI of the mean (Student t), clipped to the metric's range (fractions to [0, 1], entropies and norms at 0); no band where one seed has the step.";
+const BAND_NOTE: &str = "Lines: mean over seeds; bands: 95% CI of the mean (Student t), clipped to the metric's range (fractions to [0, 1], entropies, norms and counts at 0); no band where one seed has the step.";
 
 /// Every figure of the report for `suite`.
 #[cfg(test)]
@@ -130,7 +130,12 @@ fn domain(keys: &[&str]) -> (f64, f64) {
             || k.ends_with("format_fail")
             || k.ends_with("_rate")
     };
-    let non_negative = |k: &&str| k.ends_with("entropy") || k.ends_with("grad_norm");
+    let non_negative = |k: &&str| {
+        k.ends_with("entropy")
+            || k.ends_with("grad_norm")
+            || k.ends_with("_groups")
+            || k.ends_with("units")
+    };
     if !keys.is_empty() && keys.iter().all(bounded) {
         (0.0, 1.0)
     } else if !keys.is_empty() && keys.iter().all(non_negative) {
@@ -618,7 +623,7 @@ const TRAINING: [(&str, &str, &str); 4] = [
         "groups (not all solved or all failed)",
     ),
     (
-        "trained steps in outcome-uniform groups",
+        "steps trained in uniform groups",
         "policy/uniform_units",
         "steps with an advantage",
     ),

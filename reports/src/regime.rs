@@ -126,6 +126,17 @@ pub(crate) fn plan(suite: &Suite) -> Option<Planned> {
         Shape::Square,
         Shape::Diamond,
     ];
+    // The x range with a margin, and each arm's points moved a little apart so that arms at
+    // the same baseline do not hide one another.
+    let (lo, hi) = arms
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|q| q.base))
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| {
+            (a.min(x), b.max(x))
+        });
+    let span = (hi - lo).max(0.05);
+    let x_range = (lo - 0.08 * span, hi + 0.08 * span);
+    let dodge = |k: usize| (k as f64 - (arms.len() as f64 - 1.0) / 2.0) * 0.012 * span;
     let panels: Vec<Panel> = PANELS
         .iter()
         .enumerate()
@@ -142,7 +153,7 @@ pub(crate) fn plan(suite: &Suite) -> Option<Planned> {
                 let c = color(k);
                 let xy: Vec<(f64, MeanCi)> = pts
                     .iter()
-                    .filter_map(|p| Some((p.base, p.diffs[i]?)))
+                    .filter_map(|p| Some((p.base + dodge(k), p.diffs[i]?)))
                     .collect();
                 layers.push(Layer::Line {
                     color: c,
@@ -168,6 +179,7 @@ pub(crate) fn plan(suite: &Suite) -> Option<Planned> {
             Panel {
                 title: (*title).to_string(),
                 x_label: "baseline's training success, first quarter".into(),
+                x_range: Some(x_range),
                 y_label: "Δ (arm − baseline)".into(),
                 layers,
                 ..Panel::default()
@@ -197,7 +209,7 @@ pub(crate) fn plan(suite: &Suite) -> Option<Planned> {
             panels,
             legend,
         },
-        caption: "The regime map: each arm (the experiment file its rows were started from) against its suite's baseline, at every suite reported together. x: the baseline's training success over the first quarter of its runs (`env/acc_mean`, mean over its seeds): how often outcome-only PPO succeeds where it starts. y: the ablation table's paired difference (arm − baseline, over the seeds both rows have) of training success over the last quarter (left) and of the greedy accuracy at the training difficulty (right, `eval/acc_start`). Points: mean; bars: 95% CI of the mean (Student t); the lines join an arm's points in x order.".into(),
+        caption: "The regime map: each arm (the experiment file its rows were started from) against its suite's baseline, at every suite reported together. x: the baseline's training success over the first quarter of its runs (`env/acc_mean`, mean over its seeds): how often outcome-only PPO succeeds where it starts. y: the ablation table's paired difference (arm − baseline, over the seeds both rows have) of training success over the last quarter (left) and of the greedy accuracy at the training difficulty (right, `eval/acc_start`). Points: mean; bars: 95% CI of the mean (Student t); the lines join an arm's points in x order, and the arms are moved a little apart in x so that none hides another.".into(),
         after: Some(markdown(&arms)),
     })
 }
