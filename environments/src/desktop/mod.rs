@@ -114,7 +114,7 @@
 //! # Oracle labels, step dims, blame
 //!
 //! The episode ends when the goal holds or after [`DesktopEpisode::max_steps`] steps (the
-//! expert's plan + 4). A step is labelled right when it was valid and the expert planner
+//! expert's plan + `slack`, 4 by default). A step is labelled right when it was valid and the expert planner
 //! ([`app::expert`], which acts on the hints and the menus the agent has opened) needs fewer
 //! actions from the new state than from the old. `step_dims(i)` is what the expert's action
 //! at that state exercises: opening a submenu or a second tab → `depth`; opening a
@@ -163,8 +163,10 @@ pub const DISTRACTORS: usize = 2;
 pub const HINTS: usize = 3;
 /// The longest prompt, in characters.
 pub const MAX_PROMPT_CHARS: usize = 160;
-/// Steps beyond the expert's plan before an episode ends.
-const STEP_SLACK: usize = 4;
+/// Steps beyond the expert's plan before an episode ends, by default (`slack`).
+pub const STEP_SLACK: usize = 4;
+/// The most `slack` a file may set.
+const MAX_SLACK: usize = 40;
 /// The probability that an entry point is not under its home menu.
 const MOVE_RATE: f64 = 0.25;
 /// The largest probability of a submenu / second-tab placement (at `depth = 1`).
@@ -230,18 +232,30 @@ pub struct DesktopSpec {
     /// Starting difficulty of every task slot, one value in `[0, 1]` per dimension
     /// (`depth`, `subgoals`, `distractors`, `hints`).
     pub difficulty: Vec<f64>,
+    /// The step budget beyond the expert's plan: an episode ends after `plan + slack` steps
+    /// (the horizon, with the tasks fixed). The expert's demonstrations are written for
+    /// `plan + 4` whatever this is (the warm start replays them through an episode, so a
+    /// `slack` below 4 cuts its longest ones). Left out of a written file at its default.
+    #[serde(skip_serializing_if = "is_default_slack")]
+    pub slack: usize,
+}
+
+fn is_default_slack(slack: &usize) -> bool {
+    *slack == STEP_SLACK
 }
 
 impl Default for DesktopSpec {
     fn default() -> Self {
         Self {
             difficulty: vec![0.2; 4],
+            slack: STEP_SLACK,
         }
     }
 }
 
 impl EnvironmentPlugin for DesktopSpec {
     fn validate(&self) -> Checked {
+        check::count("slack", self.slack, 0, MAX_SLACK)?;
         check::difficulty(
             "difficulty",
             &self.difficulty,
@@ -254,7 +268,7 @@ impl EnvironmentPlugin for DesktopSpec {
     }
 
     fn build(&self) -> Box<dyn Environment> {
-        Box::new(Desktop)
+        Box::new(Desktop::with_slack(self.slack))
     }
 }
 
@@ -268,13 +282,27 @@ struct Task {
 }
 
 /// The `desktop` environment (see the module docs).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Desktop;
+#[derive(Debug, Clone, Copy)]
+pub struct Desktop {
+    slack: usize,
+}
+
+impl Default for Desktop {
+    /// Episodes end [`STEP_SLACK`] steps after the expert's plan.
+    fn default() -> Self {
+        Self::with_slack(STEP_SLACK)
+    }
+}
 
 impl Desktop {
+    /// The environment with episodes ending `slack` steps after the expert's plan.
+    pub fn with_slack(slack: usize) -> Self {
+        Self { slack }
+    }
+
     /// Like [`Environment::sample`], but returns the concrete episode type.
     pub fn sample_episode(&self, d: &[f64], split: Split, seed: u64) -> DesktopEpisode {
-        DesktopEpisode::new(self.draw(d, split, seed))
+        DesktopEpisode::new(self.draw(d, split, seed), self.slack)
     }
 
     fn draw(&self, d: &[f64], split: Split, seed: u64) -> Task {
@@ -704,19 +732,19 @@ pub struct DesktopEpisode {
 }
 
 impl DesktopEpisode {
-    fn new(task: Task) -> Self {
+    fn new(task: Task, slack: usize) -> Self {
         let distance = app::distance(&task.app, &task.goal, &task.hints);
         Self {
             app: task.app.clone(),
             task,
             distance,
-            max_steps: distance + STEP_SLACK,
+            max_steps: distance + slack,
             steps: Vec::new(),
             done: false,
         }
     }
 
-    /// The step budget: the expert's plan length + 4.
+    /// The step budget: the expert's plan length + the environment's `slack` (4 by default).
     pub fn max_steps(&self) -> usize {
         self.max_steps
     }

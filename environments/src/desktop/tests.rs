@@ -57,7 +57,7 @@ fn actions_parse_strictly() {
 #[test]
 fn a_task_at_the_easiest_level_plays_as_documented() {
     // Level 0: no submenus, no second tabs, no distractors, one setting, the full path.
-    let env = Desktop;
+    let env = Desktop::default();
     let t = env.draw(&[0.0; 4], Split::Train, 3);
     let mut app = t.app.clone();
     assert_eq!(app.view(), "[1]File [2]Edit [3]View [4]Format [5]Tools");
@@ -145,7 +145,7 @@ fn a_task_at_the_easiest_level_plays_as_documented() {
 
 #[test]
 fn the_expert_solves_every_sampled_task_with_every_step_progress() {
-    let env = Desktop;
+    let env = Desktop::default();
     let mut rng = Rng::new(7);
     let n = 3000;
     let mut solved = 0;
@@ -163,7 +163,7 @@ fn the_expert_solves_every_sampled_task_with_every_step_progress() {
 
 #[test]
 fn the_flawed_expert_is_mid_range_and_worse_when_harder() {
-    let env = Desktop;
+    let env = Desktop::default();
     let mut accs = Vec::new();
     for level in LEVELS {
         let d = [level; 4];
@@ -196,7 +196,7 @@ fn the_flawed_expert_is_mid_range_and_worse_when_harder() {
 
 #[test]
 fn tasks_are_pure_functions_of_difficulty_split_and_seed() {
-    let env = Desktop;
+    let env = Desktop::default();
     for seed in 0..200 {
         let d = [0.3, 0.9, 0.6, 0.1];
         for split in [Split::Train, Split::Eval, Split::Ood] {
@@ -212,7 +212,7 @@ fn tasks_are_pure_functions_of_difficulty_split_and_seed() {
 #[test]
 fn real_elements_have_the_same_id_in_every_task() {
     // At level 0 there are no distractors and no submenus: every element is a real one.
-    let env = Desktop;
+    let env = Desktop::default();
     let reference = env.draw(&[0.0; 4], Split::Train, 0).app;
     let real = reference.elems.len();
     let label = |e: &Elem| match e {
@@ -276,7 +276,7 @@ fn counts(t: &Task) -> [usize; 4] {
 
 #[test]
 fn every_dimension_is_structurally_monotone() {
-    let env = Desktop;
+    let env = Desktop::default();
     let mut rng = Rng::new(11);
     let mut moved = [0usize; 4];
     for seed in 0..1500 {
@@ -299,7 +299,7 @@ fn every_dimension_is_structurally_monotone() {
 
 #[test]
 fn rewrites_keep_what_the_changed_dimension_does_not_control() {
-    let env = Desktop;
+    let env = Desktop::default();
     let mut rng = Rng::new(5);
     for seed in 0..600 {
         let base: Vec<f64> = (0..4).map(|_| rng.uniform()).collect();
@@ -337,7 +337,7 @@ fn rewrites_keep_what_the_changed_dimension_does_not_control() {
 
 #[test]
 fn the_ood_split_holds_exactly_the_held_out_arrangements() {
-    let env = Desktop;
+    let env = Desktop::default();
     let mut rng = Rng::new(3);
     let table = settings_table();
     for seed in 0..2000 {
@@ -362,7 +362,7 @@ fn the_ood_split_holds_exactly_the_held_out_arrangements() {
 
 #[test]
 fn garbage_actions_never_panic_and_stay_bounded() {
-    let env = Desktop;
+    let env = Desktop::default();
     let mut rng = Rng::new(99);
     let garbage = [
         "",
@@ -397,7 +397,7 @@ fn garbage_actions_never_panic_and_stay_bounded() {
 
 #[test]
 fn expert_trajectories_have_the_documented_lengths() {
-    let env = Desktop;
+    let env = Desktop::default();
     let bounds = [(0.0, 340), (0.25, 440), (0.5, 470), (0.75, 900), (1.0, 900)];
     for (level, bound) in bounds {
         for split in [Split::Eval, Split::Ood] {
@@ -419,6 +419,7 @@ fn settings_are_validated() {
     assert!(DesktopSpec::default().validate().is_ok());
     let Err(e) = DesktopSpec {
         difficulty: vec![0.1; 3],
+        ..Default::default()
     }
     .validate() else {
         panic!("three values accepted");
@@ -426,7 +427,8 @@ fn settings_are_validated() {
     assert!(e.message.contains("depth, subgoals, distractors, hints"));
     assert!(
         DesktopSpec {
-            difficulty: vec![0.1, 1.5, 0.0, 0.0]
+            difficulty: vec![0.1, 1.5, 0.0, 0.0],
+            ..Default::default()
         }
         .validate()
         .is_err()
@@ -436,7 +438,7 @@ fn settings_are_validated() {
 
 #[test]
 fn prompts_are_bounded() {
-    let env = Desktop;
+    let env = Desktop::default();
     let mut rng = Rng::new(21);
     let longest = (0..20_000u64)
         .map(|seed| {
@@ -449,4 +451,33 @@ fn prompts_are_bounded() {
         longest.is_some_and(|l| l <= MAX_PROMPT_CHARS),
         "{longest:?}"
     );
+}
+
+/// `slack` sets the horizon with the tasks and the demonstrations fixed.
+#[test]
+fn slack_sets_the_horizon_with_the_tasks_fixed() {
+    let d = [0.5; 4];
+    let (tight, wide) = (Desktop::with_slack(2), Desktop::with_slack(9));
+    for seed in 0..20u64 {
+        let (a, b) = (
+            tight.sample_episode(&d, Split::Train, seed),
+            wide.sample_episode(&d, Split::Train, seed),
+        );
+        assert_eq!(a.prompt(), b.prompt());
+        assert_eq!(b.max_steps(), a.max_steps() + 7);
+        assert_eq!(
+            wide.demonstration(&d, 0.5, seed),
+            Desktop::default().demonstration(&d, 0.5, seed)
+        );
+    }
+    let default = Desktop::default().sample_episode(&d, Split::Train, 3);
+    assert_eq!(
+        default.max_steps(),
+        tight.sample_episode(&d, Split::Train, 3).max_steps() + 2
+    );
+    let bad = DesktopSpec {
+        slack: 41,
+        ..Default::default()
+    };
+    assert!(bad.validate().is_err());
 }

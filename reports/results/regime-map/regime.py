@@ -11,7 +11,9 @@ evaluations (`eval/acc_start`, `eval/acc_id`), and — exploratory, chosen after
 primary measure was seen to saturate — training success over the whole run (steps 1-40). Then each row minus the suite's outcome-only
 row, paired by seed: mean and the half-width of the 95% Student-t interval. Finally the
 interactions the plan names (P3: the no-band judge's gain at 0.6 minus at 0.15; P4: at
-slack 12 minus slack 4; C3: corridor k 20 minus k 10), paired by seed.
+slack 12 minus slack 4; C3: corridor k 20 minus k 10; P5: the label without foresight minus
+today's at 0.6), paired by seed. A row's baseline is the one its suite.json names, looked up
+across all the suites read (the belief suite's rows pair with suite d060's outcome-only row).
 """
 import json
 import math
@@ -39,7 +41,7 @@ def fmt(ci, signed=False):
         return "–"
     m, h, n = ci
     head = f"{m:+.3f}" if signed else f"{m:.3f}"
-    return head + (f" ± {h:.3f}" if h is not None else " (n=1)") + ("" if n >= 4 else f" (n={n})")
+    return head + (f" ± {h:.3f}" if h is not None else "") + ("" if n >= 4 else f" (n={n})")
 
 
 def read(run):
@@ -74,6 +76,7 @@ MEASURES = ["train_last_q", "acc_start", "acc_id", "right_last_q", "train_all",
 
 
 def suite_runs(root, suite):
+    """{row: {seed: measures}} of the finished runs, and {row: baseline} from suite.json."""
     rows = {}
     base = os.path.join(root, suite)
     for row in sorted(os.listdir(base)):
@@ -86,7 +89,12 @@ def suite_runs(root, suite):
                 r = read(run)
                 if r["last"] == 40:  # finished runs only
                     rows.setdefault(row, {})[int(seed.split("-")[1])] = r
-    return rows
+    baselines = {}
+    spec = os.path.join(base, "suite.json")
+    if os.path.exists(spec):
+        for r in json.load(open(spec))["rows"]:
+            baselines[r["experiment"]] = r.get("baseline")
+    return rows, baselines
 
 
 def paired(a, b, key):
@@ -97,9 +105,10 @@ def paired(a, b, key):
 
 def report(root, suites):
     gains = {}
+    loaded = {suite: suite_runs(root, suite) for suite in suites}
+    everything = {row: runs for rows, _ in loaded.values() for row, runs in rows.items()}
     for suite in suites:
-        rows = suite_runs(root, suite)
-        base = next((r for r in rows if r.endswith("outcome_only")), None)
+        rows, baselines = loaded[suite]
         print(f"\n## {suite}\n")
         print("| row | seeds | " + " | ".join(MEASURES) + " |")
         print("|---|---|" + "---|" * len(MEASURES))
@@ -107,24 +116,25 @@ def report(root, suites):
             cells = [fmt(mean_ci([r[k] for r in runs.values() if r[k] is not None]))
                      for k in MEASURES]
             print(f"| {row} | {','.join(map(str, sorted(runs)))} | " + " | ".join(cells) + " |")
-        if base is None:
+        paired_rows = [(row, baselines.get(row)) for row in rows if baselines.get(row) in everything]
+        if not paired_rows:
             continue
-        print(f"\nPaired by seed, row − {base}:\n")
-        print("| row | " + " | ".join(MEASURES[:5]) + " |")
-        print("|---|" + "---|" * 5)
-        for row, runs in rows.items():
-            if row == base:
-                continue
-            cells = [fmt(mean_ci(paired(runs, rows[base], k)), True) for k in MEASURES[:5]]
-            print(f"| {row} | " + " | ".join(cells) + " |")
+        print("\nPaired by seed, row − its baseline:\n")
+        print("| row | baseline | " + " | ".join(MEASURES[:5]) + " |")
+        print("|---|---|" + "---|" * 5)
+        for row, base in paired_rows:
+            runs, brow = rows[row], everything[base]
+            cells = [fmt(mean_ci(paired(runs, brow, k)), True) for k in MEASURES[:5]]
+            print(f"| {row} | {base} | " + " | ".join(cells) + " |")
             arm = row.split("_", 2)[-1]
-            gains[(suite, arm)] = {s: runs[s]["train_last_q"] - rows[base][s]["train_last_q"]
-                                   for s in set(runs) & set(rows[base])}
+            gains[(suite, arm)] = {s: runs[s]["train_last_q"] - brow[s]["train_last_q"]
+                                   for s in set(runs) & set(brow)}
     # The interactions the plan names, paired by seed, on the primary measure.
     pairs = [("P3", "regime-household-d060", "regime-household-d015"),
              ("P4", "regime-household-d035-slack12", "regime-household-d035"),
              ("C3", "regime-corridor-k20", "regime-corridor-k10"),
-             ("C3b", "regime-corridor-k30", "regime-corridor-k10")]
+             ("C3b", "regime-corridor-k30", "regime-corridor-k10"),
+             ("P5", "regime-household-d060-belief", "regime-household-d060")]
     lines = []
     for name, hi, lo in pairs:
         for arm in ["judge_band", "judge_no_band", "judge_decomposed"]:
