@@ -803,7 +803,7 @@ impl Episode for HouseholdEpisode {
         let label = out.valid && {
             self.distance = world::distance(&self.world, self.task.goal, &self.task.hints);
             let said = action.split_whitespace().collect::<Vec<_>>().join(" ");
-            self.distance < before || choices.iter().any(|c| *c == said)
+            self.distance < before || choices.contains(&said)
         };
         self.steps.push(StepRecord {
             label,
