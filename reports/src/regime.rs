@@ -64,14 +64,7 @@ fn arm(row: &Row) -> String {
 
 /// Mean of `env/acc_mean` over the first quarter of one run's steps.
 fn base_success(run: &Run) -> Option<f64> {
-    let steps = ColumnValue::FirstQuarterMean.steps(run.last_step()?)?;
-    let xs: Vec<f64> = run
-        .series("env/acc_mean")
-        .into_iter()
-        .filter(|(s, _)| steps.contains(s))
-        .map(|(_, v)| v)
-        .collect();
-    (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64)
+    ColumnValue::FirstQuarterMean.quarter_mean(run, "env/acc_mean")
 }
 
 /// The points of `suite` grouped by arm, or `None` when there is no regime to map.

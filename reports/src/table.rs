@@ -48,6 +48,19 @@ impl ColumnValue {
             ColumnValue::FirstKey | ColumnValue::Share => None,
         }
     }
+
+    /// The mean of `key` over the [`Self::steps`] of `run`; `None` for the final-value kinds
+    /// or when the run logs no value there.
+    pub fn quarter_mean(self, run: &Run, key: &str) -> Option<f64> {
+        let steps = self.steps(run.last_step()?)?;
+        let xs: Vec<f64> = run
+            .series(key)
+            .into_iter()
+            .filter(|(s, _)| steps.contains(s))
+            .map(|(_, v)| v)
+            .collect();
+        (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64)
+    }
 }
 
 /// A table column: a final metric value.
@@ -383,14 +396,7 @@ fn run_value(run: &Run, c: &Column, notes: &mut Vec<String>) -> Option<f64> {
             share(x, y)
         }
         ColumnValue::LastQuarterMean | ColumnValue::FirstQuarterMean => {
-            let steps = c.value.steps(run.last_step()?)?;
-            let xs: Vec<f64> = run
-                .series(c.keys[0])
-                .into_iter()
-                .filter(|(s, _)| steps.contains(s))
-                .map(|(_, v)| v)
-                .collect();
-            (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64)
+            c.value.quarter_mean(run, c.keys[0])
         }
     }
 }
