@@ -3,8 +3,14 @@
 //! time per workload, one bar per file and variant, and a Markdown table.
 //!
 //! Accepted shape: `{"backend": "…"?, "results": [{"name": "K1_fwd_V32000_f32", "variant":
-//! "fused"?, "median_ms": 1.23 | null, "error": "…"?}, …]}`. `name` may be replaced by
-//! `workload`, `median_ms` by `ms`. A file is labelled by its `backend`, else its file name.
+//! "fused"?, "median_ms": 1.23 | null, "error": "…"?, "n": 16384?}, …], "n_requested": 16384?}`.
+//! `name` may be replaced by `workload`, `median_ms` by `ms`. A file is labelled by its
+//! `backend`, else its file name.
+//!
+//! A kernel row measured on fewer rows than asked for (`n` < the file's `n_requested`: WGPU
+//! caps one binding, so `[N, 151936]` f32 runs on N = 3533 there) is not comparable as measured:
+//! its time is scaled linearly to the requested N (the kernels are memory-bound, linear in the
+//! rows) and marked `†` in the tables, with the measured N in a note.
 
 use crate::error::{ReportError, io};
 use crate::plot::{
@@ -28,6 +34,8 @@ pub struct BenchRow {
     pub ms: Option<f64>,
     /// Why it failed.
     pub error: Option<String>,
+    /// `Some(n)`: measured on `n` rows, fewer than the file's requested N; `ms` is scaled to it.
+    pub scaled_from: Option<usize>,
 }
 
 /// One bench file.
@@ -60,6 +68,7 @@ pub fn read_bench(path: &Path) -> Result<BenchFile, ReportError> {
         .get("results")
         .and_then(Value::as_array)
         .ok_or_else(|| bad("no \"results\" array (not an `rlany bench --json` file?)".into()))?;
+    let requested = v.get("n_requested").and_then(Value::as_u64);
     let rows = results
         .iter()
         .enumerate()
@@ -74,11 +83,21 @@ pub fn read_bench(path: &Path) -> Result<BenchFile, ReportError> {
                 Some(Value::Number(n)) => n.as_f64(),
                 Some(_) => return Err(bad(format!("results[{i}].median_ms: not a number"))),
             };
+            let n = r.get("n").and_then(Value::as_u64).filter(|&n| n > 0);
+            let scaled_from = match (n, requested) {
+                (Some(n), Some(req)) if n < req => Some(n as usize),
+                _ => None,
+            };
+            let ms = match (ms, scaled_from, requested) {
+                (Some(m), Some(n), Some(req)) => Some(m * req as f64 / n as f64),
+                _ => ms,
+            };
             Ok(BenchRow {
                 name: name.to_string(),
                 variant: r.get("variant").and_then(Value::as_str).map(str::to_string),
                 ms,
                 error: r.get("error").and_then(Value::as_str).map(str::to_string),
+                scaled_from,
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -122,6 +141,7 @@ fn torch_anchor_rows(v: &Value) -> Vec<BenchRow> {
                     variant: Some("eager".into()),
                     ms,
                     error: None,
+                    scaled_from: None,
                 });
                 continue;
             }
@@ -142,6 +162,7 @@ fn torch_anchor_rows(v: &Value) -> Vec<BenchRow> {
                         variant: Some(variant.to_string()),
                         ms,
                         error: None,
+                        scaled_from: None,
                     });
                 }
                 break;
@@ -152,6 +173,7 @@ fn torch_anchor_rows(v: &Value) -> Vec<BenchRow> {
                 variant: Some("eager".into()),
                 ms: None,
                 error: val.as_str().map(str::to_string),
+                scaled_from: None,
             });
         }
     }
@@ -190,6 +212,8 @@ pub struct BenchComparison {
     pub ms: Vec<Vec<Option<f64>>>,
     /// Failed rows, as `series / workload: error`.
     pub failures: Vec<String>,
+    /// `scaled[w][s]`: the cell's time was scaled from this many measured rows.
+    pub scaled: Vec<Vec<Option<usize>>>,
 }
 
 impl BenchComparison {
@@ -197,7 +221,7 @@ impl BenchComparison {
     pub fn build(files: &[BenchFile]) -> Self {
         let mut workloads: Vec<String> = Vec::new();
         let mut series: Vec<String> = Vec::new();
-        let mut cells: Vec<(usize, usize, Option<f64>)> = Vec::new();
+        let mut cells: Vec<(usize, usize, Option<f64>, Option<usize>)> = Vec::new();
         let mut failures = Vec::new();
         for f in files {
             for r in &f.rows {
@@ -214,18 +238,26 @@ impl BenchComparison {
                         r.error.as_deref().unwrap_or("no time")
                     ));
                 }
-                cells.push((wi, si, r.ms.filter(|m| m.is_finite() && *m > 0.0)));
+                cells.push((
+                    wi,
+                    si,
+                    r.ms.filter(|m| m.is_finite() && *m > 0.0),
+                    r.scaled_from,
+                ));
             }
         }
         let mut ms = vec![vec![None; series.len()]; workloads.len()];
-        for (w, s, v) in cells {
+        let mut scaled = vec![vec![None; series.len()]; workloads.len()];
+        for (w, s, v, n) in cells {
             ms[w][s] = v;
+            scaled[w][s] = n;
         }
         Self {
             workloads,
             series,
             ms,
             failures,
+            scaled,
         }
     }
 
@@ -238,21 +270,42 @@ impl BenchComparison {
             rule += "---:|";
         }
         out = out + "\n" + &rule + "\n";
-        for (w, row) in self.workloads.iter().zip(&self.ms) {
+        for ((w, row), scaled) in self.workloads.iter().zip(&self.ms).zip(&self.scaled) {
             let best = row.iter().flatten().copied().fold(f64::INFINITY, f64::min);
             out += &format!("| {w} |");
-            for v in row {
+            for (v, n) in row.iter().zip(scaled) {
+                let mark = if n.is_some() { "†" } else { "" };
                 out += &match v {
                     Some(m) if (*m - best).abs() < 1e-12 && row.iter().flatten().count() > 1 => {
-                        format!(" **{}** |", fmt_ms(*m))
+                        format!(" **{}**{mark} |", fmt_ms(*m))
                     }
-                    Some(m) => format!(" {} |", fmt_ms(*m)),
+                    Some(m) => format!(" {}{mark} |", fmt_ms(*m)),
                     None => " – |".into(),
                 };
             }
             out += "\n";
         }
+        out += &self.scaled_note();
         out
+    }
+
+    /// The note under a table with scaled cells (empty without).
+    pub fn scaled_note(&self) -> String {
+        let mut notes: Vec<String> = Vec::new();
+        for (w, row) in self.scaled.iter().enumerate() {
+            for (s, n) in row.iter().enumerate() {
+                if let Some(n) = n {
+                    notes.push(format!("{} / {}: N = {n}", self.series[s], self.workloads[w]));
+                }
+            }
+        }
+        if notes.is_empty() {
+            return String::new();
+        }
+        format!(
+            "\n† measured on fewer rows than the file asked for, the time scaled linearly to the asked N: {}.\n",
+            notes.join("; ")
+        )
     }
 }
 
@@ -279,21 +332,27 @@ impl BenchComparison {
             }
         }
         out = out + "\n" + &rule + "\n";
-        for (w, row) in self.workloads.iter().zip(&self.ms) {
+        for (w_i, (w, row)) in self.workloads.iter().zip(&self.ms).enumerate() {
             if refs.iter().all(|&r| row[r].is_none()) {
                 continue;
             }
             out += &format!("| {w} |");
             for &o in &others {
                 for &r in &refs {
+                    let mark = if self.scaled[w_i][o].is_some() || self.scaled[w_i][r].is_some() {
+                        "†"
+                    } else {
+                        ""
+                    };
                     out += &match (row[r], row[o]) {
-                        (Some(a), Some(b)) => format!(" {:.2}× |", a / b),
+                        (Some(a), Some(b)) => format!(" {:.2}×{mark} |", a / b),
                         _ => " – |".into(),
                     };
                 }
             }
             out += "\n";
         }
+        out += &self.scaled_note();
         Some(out)
     }
 }
@@ -512,6 +571,37 @@ impl Render for BenchChart<'_> {
 mod tests {
     use super::*;
     use crate::runs::tests::temp_dir;
+
+    #[test]
+    fn a_row_measured_on_fewer_rows_is_scaled_and_marked() {
+        // WGPU measured [3533, V] instead of [16384, V] in 1.099 ms: 1.099 · 16384 / 3533
+        // = 5.0965 ms at the asked N; a CUDA row on the full N stays as measured.
+        let d = temp_dir("bench-scaled");
+        let a = d.join("wgpu.json");
+        fs::write(
+            &a,
+            r#"{"backend":"wgpu","n_requested":16384,"results":[
+              {"name":"K1_fwd_V151936_f32","variant":"fused","n":3533,"median_ms":1.099}]}"#,
+        )
+        .expect("write");
+        let b = d.join("cuda.json");
+        fs::write(
+            &b,
+            r#"{"backend":"cuda","n_requested":16384,"results":[
+              {"name":"K1_fwd_V151936_f32","variant":"fused","n":16384,"median_ms":2.214}]}"#,
+        )
+        .expect("write");
+        let files = read_benches(&[a, b]).expect("read");
+        assert_eq!(files[0].rows[0].scaled_from, Some(3533));
+        assert_eq!(files[1].rows[0].scaled_from, None);
+        let cmp = BenchComparison::build(&files);
+        let w = cmp.ms[0][0].expect("scaled time");
+        assert!((w - 5.0965).abs() < 1e-3, "{w}");
+        assert_eq!(cmp.ms[0][1], Some(2.214));
+        let md = cmp.markdown();
+        assert!(md.contains("| K1_fwd_V151936_f32 | 5.097† | **2.214** |"), "{md}");
+        assert!(md.contains("wgpu · fused / K1_fwd_V151936_f32: N = 3533"), "{md}");
+    }
 
     #[test]
     fn reads_bench_json_and_other_shapes() {

@@ -77,6 +77,13 @@ pub fn ppo_loss<B: Backend>(
     clip: f64,
     kl_coef: f64,
 ) -> PpoLoss<B> {
+    // The loss is taken in f32 whatever the model's dtype: a bf16 model's log-probs meet the
+    // f32 old log-probs, advantages and weights made on the host, and a fused backend refuses
+    // a binary op between two dtypes (seen on CUDA: `DTypeMismatch` in the first `sub`).
+    let new_lp = in_f32(new_lp);
+    let old_lp = in_f32(old_lp);
+    let adv = in_f32(adv);
+    let weight = in_f32(weight);
     let ratio = (new_lp.clone() - old_lp).exp();
     let unclipped = ratio.clone() * adv.clone();
     let clipped = ratio.clone().clamp(1.0 - clip, 1.0 + clip) * adv;
@@ -86,8 +93,8 @@ pub fn ppo_loss<B: Backend>(
         KlTerm::Sampled {
             target_lp,
             estimator,
-        } => kl_estimate(estimator, new_lp, target_lp),
-        KlTerm::Exact(kl) => kl,
+        } => kl_estimate(estimator, new_lp, in_f32(target_lp)),
+        KlTerm::Exact(kl) => in_f32(kl),
     };
     let per_token = surrogate.neg() + kl.clone().mul_scalar(kl_coef);
     PpoLoss {
@@ -95,6 +102,15 @@ pub fn ppo_loss<B: Backend>(
         kl: (kl * weight.clone()).sum().detach(),
         clipfrac: (was_clipped * weight.clone()).sum().detach()
             / weight.sum().detach().clamp_min(1e-12),
+    }
+}
+
+/// `t` in f32 (itself when it already is).
+fn in_f32<B: Backend>(t: Tensor<B, 2>) -> Tensor<B, 2> {
+    if t.dtype() == burn::tensor::DType::F32 {
+        t
+    } else {
+        t.cast(burn::tensor::DType::F32)
     }
 }
 
@@ -150,5 +166,24 @@ mod tests {
         assert!((loss - 0.375).abs() < 1e-5, "{loss}");
         let cf = out.clipfrac.into_scalar();
         assert!((cf - 0.75).abs() < 1e-6, "{cf}");
+    }
+
+    #[test]
+    fn log_probs_in_another_dtype_give_the_same_f32_loss() {
+        // The model's log-probs in f64 (standing in for a bf16 model's), everything else f32:
+        // the loss is computed in f32 and equals the all-f32 one (0.375, as above).
+        let old = t(&[0.0, 0.0, 0.0, 0.0]);
+        let new = t(&[1.5f32.ln(), 0.5f32.ln(), 0.5f32.ln(), 3.0]).cast(burn::tensor::DType::F64);
+        assert_eq!(new.dtype(), burn::tensor::DType::F64);
+        let adv = t(&[1.0, 1.0, -2.0, 5.0]);
+        let w = t(&[0.25, 0.25, 0.5, 0.0]);
+        let kl = KlTerm::Sampled {
+            target_lp: old.clone(),
+            estimator: SampledKl::K3,
+        };
+        let out = ppo_loss(new, old, kl, adv, w, 0.2, 0.0);
+        assert_eq!(out.loss.dtype(), burn::tensor::DType::F32);
+        let loss = out.loss.into_scalar();
+        assert!((loss - 0.375).abs() < 1e-5, "{loss}");
     }
 }
