@@ -18,7 +18,7 @@
 #   BACKENDS  (default "cuda wgpu"; "ndarray" tests this script on a CPU)
 #   QUICK=1   the --quick model sizes (CPU)
 #   CAP       seconds per step (default 90); DEADLINE seconds for everything (default 540)
-#   ANCHOR=0  skips PyTorch
+#   ANCHOR=0  skips PyTorch; ANCHOR_CAP seconds for it (default 180)
 set -u
 START=$(date +%s)
 OUT=${OUT:-/tmp/rlany-device}
@@ -27,6 +27,7 @@ BACKENDS=${BACKENDS:-cuda wgpu}
 CAP=${CAP:-90}
 DEADLINE=${DEADLINE:-540}
 ANCHOR=${ANCHOR:-1}
+ANCHOR_CAP=${ANCHOR_CAP:-180}
 QUICK=${QUICK:-}
 mkdir -p "$OUT" "$OUT/parts"
 LOG="$OUT/device.log"
@@ -62,7 +63,7 @@ fi
 
 if [ "$ANCHOR" = 1 ] && [ -f "$DIR/torch_anchor.py" ]; then
     say "PyTorch anchor"
-    OUT="$OUT" PYTHONUNBUFFERED=1 timeout 180 python3 "$DIR/torch_anchor.py" >>"$LOG" 2>&1 \
+    OUT="$OUT" PYTHONUNBUFFERED=1 timeout "$ANCHOR_CAP" python3 "$DIR/torch_anchor.py" >>"$LOG" 2>&1 \
         || say "anchor exited $?"
 fi
 
