@@ -702,7 +702,7 @@ pub fn summary_line(
 ) -> String {
     let f = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.3}"));
     format!(
-        "{} seed {seed}: {} at step {} in {:.1}s{} | eval in-domain {} -> {} | OOD {} -> {} | {}",
+        "{} seed {seed}: {} at step {} in {:.1}s{}{} | eval in-domain {} -> {} | OOD {} -> {} | {}",
         exp.name,
         if s.interrupted { "stopped" } else { "finished" },
         s.last_step,
@@ -712,6 +712,14 @@ pub fn summary_line(
             n => format!(
                 " ({n} warm start{} from the cache)",
                 if n > 1 { "s" } else { "" }
+            ),
+        },
+        match (s.env_failed_calls, s.env_failed_episodes) {
+            (0, 0) => String::new(),
+            (c, e) => format!(
+                " | the environment failed {c} call{} and ended {e} episode{} (scored unsolved)",
+                if c == 1 { "" } else { "s" },
+                if e == 1 { "" } else { "s" }
             ),
         },
         f(s.acc_id_start),

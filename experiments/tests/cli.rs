@@ -698,3 +698,22 @@ fn the_exchange_bench_times_both_exchanges() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `rlany env … | head`: the reader goes away before the task is printed; the command ends
+/// quietly with exit 0, no panic text.
+#[test]
+fn a_closed_stdout_ends_rlany_env_quietly() {
+    let _cpu = shared_cpu();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rlany"))
+        .args(["env", "experiments/quickstart.ron"])
+        .current_dir(repo_root())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("rlany starts");
+    drop(child.stdout.take()); // the reader is gone before anything is written
+    let out = child.wait_with_output().expect("rlany ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+}

@@ -123,10 +123,43 @@ pub trait Environment: Send + Sync {
     fn fault(&self) -> Option<String> {
         None
     }
+    /// Counts of the environment's own failures so far (an environment in another process:
+    /// failed calls, timed-out replies, restarted children, episodes it ended), or `None`
+    /// for one that cannot fail. The loop writes their per-step increase as `env/*` metrics
+    /// and warns when they are not zero.
+    fn health(&self) -> Option<EnvHealth> {
+        None
+    }
     /// What identifies the environment's code when the experiment file does not (an
     /// environment in another process: its name and version); part of the warm-start
     /// cache's key when given.
     fn identity(&self) -> Option<String> {
         None
+    }
+}
+
+/// Cumulative counts of an environment's own failures ([`Environment::health`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EnvHealth {
+    /// Calls that failed (a crash, a timeout, garbage, an `error` reply, …).
+    pub failed_calls: u64,
+    /// Of those, replies that did not come within the time limit.
+    pub timeouts: u64,
+    /// Children started again after one was lost.
+    pub restarts: u64,
+    /// Episodes the environment ended (a failed call), scored unsolved like the policy's
+    /// failures.
+    pub failed_episodes: u64,
+}
+
+impl EnvHealth {
+    /// The counts since `earlier` (saturating).
+    pub fn since(&self, earlier: &EnvHealth) -> EnvHealth {
+        EnvHealth {
+            failed_calls: self.failed_calls.saturating_sub(earlier.failed_calls),
+            timeouts: self.timeouts.saturating_sub(earlier.timeouts),
+            restarts: self.restarts.saturating_sub(earlier.restarts),
+            failed_episodes: self.failed_episodes.saturating_sub(earlier.failed_episodes),
+        }
     }
 }

@@ -31,7 +31,7 @@ pub mod trainer;
 pub mod warmcache;
 pub mod warmstart;
 
-pub use env::{Difficulty, Dim, Environment, Episode, Split, StepResult};
+pub use env::{Difficulty, Dim, EnvHealth, Environment, Episode, Split, StepResult};
 pub use experiment::{BackendKind, Experiment, ExperimentError};
 pub use lm::{
     CausalLm, ChatMarkup, Generation, PromptFormat, SampleParams, Tokenizer, last_token_positions,

@@ -23,11 +23,17 @@ pub enum RunDirError {
     Exists(PathBuf),
     /// A resumed run was started with a different experiment.
     #[error(
-        "{path}: the experiment differs from the one this run was started with (resolved.ron); resume with the same file"
+        "{path}: the experiment differs from the one this run was started with: {}. A run resumes \
+         only with the experiment it was started with (the same file and --set options; a fixed \
+         environment command included, since what the loop saw would no longer be what the \
+         checkpoint learned from): resume with those, or start a new run",
+        differences.join("; ")
     )]
     Mismatch {
         /// The run's resolved.ron.
         path: PathBuf,
+        /// The fields that differ, as `path: stored → now` (at most a few).
+        differences: Vec<String>,
     },
     /// A metrics line is not valid JSON.
     #[error("{path}:{line}: not a metrics line: {message}")]
@@ -103,7 +109,8 @@ impl RunDir {
         let path = root.join("resolved.ron");
         let stored = fs::read_to_string(&path).map_err(io(&path))?;
         if stored.trim() != resolved_ron.trim() {
-            return Err(RunDirError::Mismatch { path });
+            let differences = differing_fields(&stored, resolved_ron);
+            return Err(RunDirError::Mismatch { path, differences });
         }
         Ok(Self {
             root: root.to_path_buf(),
@@ -243,6 +250,93 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), RunDirError> {
     fs::rename(&tmp, path).map_err(io(path))
 }
 
+/// The fields of two pretty-printed experiments (resolved.ron) that differ, as
+/// `dotted.path: stored → now` (`absent` where one has no such field), at most 8 and a count
+/// of the rest. List elements are numbered (`command[1]`).
+pub fn differing_fields(stored: &str, now: &str) -> Vec<String> {
+    let (a, b) = (ron_leaves(stored), ron_leaves(now));
+    let mut out = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for (path, va) in &a {
+        seen.insert(path.clone());
+        let vb = b.iter().find(|(p, _)| p == path).map(|(_, v)| v.as_str());
+        if vb != Some(va.as_str()) {
+            out.push(format!("{path}: {va} → {}", vb.unwrap_or("absent")));
+        }
+    }
+    for (path, vb) in &b {
+        if !seen.contains(path) {
+            out.push(format!("{path}: absent → {vb}"));
+        }
+    }
+    if out.len() > 8 {
+        let rest = out.len() - 8;
+        out.truncate(8);
+        out.push(format!("and {rest} more"));
+    }
+    if out.is_empty() {
+        out.push("the text differs, no field does".into());
+    }
+    out
+}
+
+/// `(dotted path, value)` of every leaf line of a pretty-printed RON value.
+fn ron_leaves(text: &str) -> Vec<(String, String)> {
+    // Open brackets: (indent, name, unnamed children so far).
+    let mut stack: Vec<(usize, String, usize)> = Vec::new();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let t = line.trim();
+        if t.is_empty() || t.starts_with("//") {
+            continue;
+        }
+        let indent = line.len() - line.trim_start().len();
+        while stack.last().is_some_and(|(i, _, _)| *i >= indent) {
+            stack.pop();
+        }
+        if t.starts_with(')') || t.starts_with(']') || t.starts_with('}') {
+            continue;
+        }
+        let (key, rest) = match t.split_once(": ") {
+            Some((k, r)) if !k.is_empty() && k.chars().all(|c| c.is_alphanumeric() || c == '_') => {
+                (k.to_string(), r)
+            }
+            _ => {
+                let i = stack.last_mut().map_or(0, |(_, _, n)| {
+                    *n += 1;
+                    *n - 1
+                });
+                (format!("[{i}]"), t)
+            }
+        };
+        let path = stack
+            .iter()
+            .map(|(_, k, _)| k.as_str())
+            .chain(std::iter::once(key.as_str()))
+            .filter(|k| !k.is_empty())
+            .fold(String::new(), |acc, k| {
+                if acc.is_empty() || k.starts_with('[') {
+                    acc + k
+                } else {
+                    acc + "." + k
+                }
+            });
+        let value = rest.trim_end_matches(',');
+        if value.ends_with('(') || value.ends_with('[') || value.ends_with('{') {
+            // The root `Experiment(` names no field.
+            let name = if stack.is_empty() && !t.contains(": ") {
+                String::new()
+            } else {
+                key
+            };
+            stack.push((indent, name, 0));
+        } else {
+            out.push((path, value.to_string()));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,5 +363,32 @@ mod tests {
             Err(RunDirError::Mismatch { .. })
         ));
         let _ = fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_refused_resume_names_the_fields_that_differ() {
+        let stored = "Experiment(\n    name: \"p\",\n    environment: Process(\n        command: [\n            \"python3\",\n            \"a.py\",\n        ],\n        timeout_s: 30.0,\n    ),\n    budget: (\n        steps: 10,\n    ),\n)\n";
+        let now = stored.replace("a.py", "b.py").replace("steps: 10", "steps: 20");
+        assert_eq!(
+            differing_fields(stored, &now),
+            [
+                "environment.command[1]: \"a.py\" → \"b.py\"",
+                "budget.steps: 10 → 20"
+            ]
+        );
+        let added = stored.replace("        timeout_s: 30.0,\n", "        timeout_s: 30.0,\n        children: 4,\n");
+        assert_eq!(
+            differing_fields(stored, &added),
+            ["environment.children: absent → 4"]
+        );
+        let dir = std::env::temp_dir().join(format!("rlany-rundir-mismatch-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        RunDir::create(&dir, stored, &serde_json::json!({})).expect("create");
+        let e = RunDir::open(&dir, &now).expect_err("refused").to_string();
+        assert!(
+            e.contains("environment.command[1]: \"a.py\" → \"b.py\"; budget.steps: 10 → 20"),
+            "{e}"
+        );
+        let _ = fs::remove_dir_all(&dir);
     }
 }

@@ -75,13 +75,20 @@ pub enum TrainError {
     Placement(PlacementError),
     /// The environment gave up ([`crate::Environment::fault`]).
     #[error(
-        "training step {step}: the environment failed; the run stopped and its last checkpoint is intact: {message}"
+        "training step {step}: the environment failed; the run stopped {}: {message}",
+        if *checkpointed {
+            "and its last checkpoint is intact (fix the environment, then resume)"
+        } else {
+            "before its first checkpoint (fix the environment, then run it again)"
+        }
     )]
     Environment {
         /// The training step (0 = warm start).
         step: usize,
         /// The environment's message.
         message: String,
+        /// Whether the run has a checkpoint to resume from.
+        checkpointed: bool,
     },
 }
 
@@ -92,9 +99,24 @@ impl From<PlacementError> for TrainError {
 }
 
 /// `Err` when the environment reports a fault ([`crate::Environment::fault`]).
+///
+/// Before the step-0 checkpoint (the warm starts and their evaluation) there is nothing to
+/// resume from; a resumed run, and every later step, has a checkpoint.
 fn env_ok(env: &dyn crate::Environment, step: usize) -> Result<(), TrainError> {
+    env_ok_with(env, step, step > 0)
+}
+
+fn env_ok_with(
+    env: &dyn crate::Environment,
+    step: usize,
+    checkpointed: bool,
+) -> Result<(), TrainError> {
     match env.fault() {
-        Some(message) => Err(TrainError::Environment { step, message }),
+        Some(message) => Err(TrainError::Environment {
+            step,
+            message,
+            checkpointed,
+        }),
         None => Ok(()),
     }
 }
@@ -179,6 +201,10 @@ pub struct RunSummary {
     pub interrupted: bool,
     /// Warm starts taken from the cache instead of computed (policy, judge).
     pub warm_cached: usize,
+    /// The environment's failed calls in this invocation (one in another process).
+    pub env_failed_calls: u64,
+    /// Episodes the environment ended in this invocation (scored unsolved).
+    pub env_failed_episodes: u64,
 }
 
 /// Trains one seed of `exp` with `parts`.
@@ -399,6 +425,8 @@ struct Run<'a, B: AutodiffLogProbOps, M: AutodiffModule<B>> {
     /// Rollout sampling (one step = one line).
     params: SampleParams,
     summary: RunSummary,
+    /// The environment's failure counts when the last metrics line was written.
+    env_seen: crate::env::EnvHealth,
     /// Names of the environment's difficulty dimensions.
     dims: Vec<String>,
 }
@@ -460,6 +488,7 @@ where
             state,
             params,
             summary: RunSummary::default(),
+            env_seen: crate::env::EnvHealth::default(),
             dims,
         }
     }
@@ -541,6 +570,7 @@ where
         run.judge_pool = run.make_judge_pool();
         let (id, ood) = run.evaluate(&mut m, 0)?;
         run.set_compute(&mut m);
+        run.set_env_health(&mut m, 0);
         run.summary.acc_id_start = Some(id);
         run.summary.acc_ood_start = Some(ood);
         run.dir.log(&m)?;
@@ -916,6 +946,7 @@ where
         }
         set_perf(&mut m, batch, t0);
         self.set_exchange(&mut m);
+        self.set_env_health(&mut m, step);
         self.dir.log(&m)?;
         self.state.step = step;
         self.summary.last_step = step;
@@ -934,6 +965,31 @@ where
             (o.0)(step, steps);
         }
         Ok(())
+    }
+
+    /// The environment's failures since the last metrics line (`env/failed_calls`,
+    /// `env/timeouts`, `env/restarts`, `env/failed_episodes`; only for an environment that
+    /// can fail), added to the run's summary, and a warning line when there were any.
+    fn set_env_health(&mut self, m: &mut Metrics, step: usize) {
+        let Some(now) = self.env.health() else {
+            return;
+        };
+        let d = now.since(&self.env_seen);
+        self.env_seen = now;
+        m.set("env/failed_calls", d.failed_calls as f64);
+        m.set("env/timeouts", d.timeouts as f64);
+        m.set("env/restarts", d.restarts as f64);
+        m.set("env/failed_episodes", d.failed_episodes as f64);
+        self.summary.env_failed_calls += d.failed_calls;
+        self.summary.env_failed_episodes += d.failed_episodes;
+        if d.failed_calls > 0 || d.failed_episodes > 0 {
+            eprintln!(
+                "[{} seed {}] warning: step {step}: {}",
+                self.cfg.name,
+                self.seed,
+                env_failure_words(&d)
+            );
+        }
     }
 
     /// The cumulative `compute/*` metrics.
@@ -1227,6 +1283,22 @@ fn set_perf(m: &mut Metrics, batch: &StepBatch, t0: Instant) {
     m.set("perf/train_tok_s", trained as f64 / update_s.max(1e-9));
 }
 
+/// One step's environment failures in words.
+pub fn env_failure_words(d: &crate::env::EnvHealth) -> String {
+    format!(
+        "the environment failed {} call{} ({} timed out, {} child{} restarted); {} episode{} it ended \
+         count{} as unsolved",
+        d.failed_calls,
+        if d.failed_calls == 1 { "" } else { "s" },
+        d.timeouts,
+        d.restarts,
+        if d.restarts == 1 { "" } else { "ren" },
+        d.failed_episodes,
+        if d.failed_episodes == 1 { "" } else { "s" },
+        if d.failed_episodes == 1 { "s" } else { "" },
+    )
+}
+
 fn plain_line(m: &Metrics, steps: usize) -> String {
     let g = |k: &str| m.get(k).map_or("-".to_string(), |v| format!("{v:.3}"));
     let mut line = format!(
@@ -1242,6 +1314,13 @@ fn plain_line(m: &Metrics, steps: usize) -> String {
     }
     if m.get("env/proposals").is_some_and(|p| p > 0.0) {
         line += &format!(" | env {}/{} acc.", g("env/accepted"), g("env/proposals"));
+    }
+    if m.get("env/failed_calls").is_some_and(|n| n > 0.0) {
+        line += &format!(
+            " | env failures {} (episodes {})",
+            m.get("env/failed_calls").unwrap_or(0.0),
+            m.get("env/failed_episodes").unwrap_or(0.0)
+        );
     }
     if m.get("eval/acc_id").is_some() {
         line += &format!(" | eval id {} ood {}", g("eval/acc_id"), g("eval/acc_ood"));

@@ -35,6 +35,8 @@ pub enum ColumnValue {
     LastQuarterMean,
     /// The mean of `keys[0]` over the first quarter of the training steps (`1 ≤ s ≤ L/4`).
     FirstQuarterMean,
+    /// The sum of `keys[0]` over every logged step (a per-step count's total).
+    Total,
 }
 
 impl ColumnValue {
@@ -45,7 +47,7 @@ impl ColumnValue {
         match self {
             ColumnValue::LastQuarterMean => Some(last.saturating_sub(q) + 1..=last),
             ColumnValue::FirstQuarterMean => Some(1..=q.min(last)),
-            ColumnValue::FirstKey | ColumnValue::Share => None,
+            ColumnValue::FirstKey | ColumnValue::Share | ColumnValue::Total => None,
         }
     }
 
@@ -82,7 +84,8 @@ impl Column {
         match self.value {
             ColumnValue::FirstKey
             | ColumnValue::LastQuarterMean
-            | ColumnValue::FirstQuarterMean => run.first_key(self.keys).is_some(),
+            | ColumnValue::FirstQuarterMean
+            | ColumnValue::Total => run.first_key(self.keys).is_some(),
             ColumnValue::Share => self.keys.iter().all(|k| run.has(k)),
         }
     }
@@ -92,7 +95,7 @@ impl Column {
 pub const ACCEPT_RATE: &str = "accepted-proposal rate";
 
 /// Every column the table can have; those no run logs are left out.
-pub const COLUMNS: [Column; 15] = [
+pub const COLUMNS: [Column; 16] = [
     Column {
         header: "acc ID",
         keys: &["eval/acc_id"],
@@ -183,6 +186,12 @@ pub const COLUMNS: [Column; 15] = [
         kind: ColumnKind::Count,
         value: ColumnValue::FirstQuarterMean,
     },
+    Column {
+        header: "episodes ended by the environment (total)",
+        keys: &["env/failed_episodes"],
+        kind: ColumnKind::Count,
+        value: ColumnValue::Total,
+    },
 ];
 
 /// One experiment's row.
@@ -226,6 +235,11 @@ impl Table {
             match c.value {
                 ColumnValue::FirstKey => key_mix_note(suite, c, &mut notes),
                 ColumnValue::Share => share_note(suite, c, &mut notes),
+                ColumnValue::Total => notes.push(format!(
+                    "`{}`: the sum of `{}` over every step of each run; such episodes are scored \
+                     unsolved like the policy's failures",
+                    c.header, c.keys[0]
+                )),
                 ColumnValue::LastQuarterMean | ColumnValue::FirstQuarterMean => {
                     notes.push(format!(
                         "`{}`: the mean of `{}` over the {} quarter of each run's training steps \
@@ -397,6 +411,10 @@ fn run_value(run: &Run, c: &Column, notes: &mut Vec<String>) -> Option<f64> {
         }
         ColumnValue::LastQuarterMean | ColumnValue::FirstQuarterMean => {
             c.value.quarter_mean(run, c.keys[0])
+        }
+        ColumnValue::Total => {
+            let xs = run.series(c.keys[0]);
+            (!xs.is_empty()).then(|| xs.iter().map(|(_, v)| v).sum())
         }
     }
 }
@@ -700,5 +718,37 @@ mod tests {
         // y − x per seed: +0.1, +0.2 → +0.15.
         let d = t.rows[1].diffs[last].expect("paired");
         assert!((d.mean - 0.15).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_environments_failures_are_a_total_column_shown_only_when_logged() {
+        // Runs of 8 steps; seed 1 lost 1 episode at step 3 and 2 at step 7, seed 2 none.
+        let failing = |seed: u64, lost: &[(u64, f64)]| {
+            let mut r = training_run("p", seed, 0.1);
+            for l in &mut r.lines {
+                let n = lost.iter().find(|(s, _)| *s == l.step).map_or(0.0, |(_, n)| *n);
+                l.values.insert("env/failed_episodes".to_string(), Some(n));
+            }
+            r
+        };
+        let t = Table::build(&Suite::from_runs(
+            vec![failing(1, &[(3, 1.0), (7, 2.0)]), failing(2, &[])],
+            &[],
+        ));
+        let c = t
+            .columns
+            .iter()
+            .position(|c| c.header == "episodes ended by the environment (total)")
+            .expect("shown");
+        // (3 + 0) / 2 seeds.
+        assert!((t.rows[0].cells[c].expect("total").mean - 1.5).abs() < 1e-12);
+        assert!(t.notes.iter().any(|n| n.contains("scored unsolved")), "{:?}", t.notes);
+        // Runs of an in-process environment do not log it: no column.
+        let t = Table::build(&Suite::from_runs(vec![training_run("q", 1, 0.1)], &[]));
+        assert!(
+            !t.columns
+                .iter()
+                .any(|c| c.header == "episodes ended by the environment (total)")
+        );
     }
 }

@@ -1856,6 +1856,111 @@ fn a_process_environment_run_stops_clearly_and_resumes_exactly() {
     let _ = fs::remove_dir_all(dir);
 }
 
+fn broken_command(args: &[&str]) -> Vec<String> {
+    let broken = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../environments/process/testdata/broken.py")
+        .to_string_lossy()
+        .into_owned();
+    std::iter::once("python3".to_string())
+        .chain(std::iter::once(broken))
+        .chain(args.iter().map(|a| a.to_string()))
+        .collect()
+}
+
+fn fresh_options(run: &Path) -> rlany_framework::TrainOptions {
+    rlany_framework::TrainOptions {
+        resume: false,
+        ..resume_options(run)
+    }
+}
+
+/// A child that crashes once in a run: the run goes on to the end, and the failure is in the
+/// metrics (`env/failed_calls` sums to 1 over the steps, the episode it ended is counted)
+/// and in the summary; a healthy process run logs the same keys at 0.
+#[test]
+fn a_process_environment_failure_is_counted_in_metrics_and_summary() {
+    let dir = scratch("process-once");
+    let marker = dir.join("crashed-once");
+    let exp = process_smoke(Some(broken_command(&["once", &marker.to_string_lossy()])));
+    let run = dir.join("runs/process_smoke/seed-1");
+    let summary = rlany::run(&exp, 1, &fresh_options(&run)).expect("the run goes on");
+    assert_eq!(summary.last_step, exp.budget.steps);
+    assert_eq!(summary.env_failed_calls, 1);
+    assert!(summary.env_failed_episodes >= 1, "{summary:?}");
+    let m = metrics(&run);
+    let total = |k: &str| m.iter().map(|l| l[k].as_f64().expect(k)).sum::<f64>();
+    assert_eq!(total("env/failed_calls"), 1.0);
+    assert_eq!(total("env/restarts"), 1.0);
+    assert_eq!(total("env/timeouts"), 0.0);
+    assert_eq!(total("env/failed_episodes"), summary.env_failed_episodes as f64);
+    let line = rlany::summary_line(&exp, 1, &run, &summary, 1.0);
+    assert!(
+        line.contains("the environment failed 1 call and ended"),
+        "{line}"
+    );
+    // The reference child: the same keys, all 0.
+    let healthy = dir.join("runs/healthy/seed-1");
+    let summary = rlany::run(&process_smoke(None), 1, &fresh_options(&healthy)).expect("runs");
+    assert_eq!((summary.env_failed_calls, summary.env_failed_episodes), (0, 0));
+    for l in metrics(&healthy) {
+        for k in ["env/failed_calls", "env/timeouts", "env/restarts", "env/failed_episodes"] {
+            assert_eq!(l[k], 0.0, "{k} in {l}");
+        }
+    }
+    let _ = fs::remove_dir_all(dir);
+}
+
+/// A child that crashes at every third step never fails twice in a row, so only the failure
+/// rate stops it: within the step-0 evaluation, in seconds, with a message that names the
+/// command, the crash and the bound, and says that no checkpoint exists yet.
+#[test]
+fn a_child_crashing_at_every_third_step_stops_the_run_within_seconds() {
+    let dir = scratch("process-every3");
+    let exp = process_smoke(Some(broken_command(&["every", "3"])));
+    let run = dir.join("runs/process_smoke/seed-1");
+    let t = std::time::Instant::now();
+    let err = format!(
+        "{:#}",
+        rlany::run(&exp, 1, &fresh_options(&run)).expect_err("stopped")
+    );
+    assert!(t.elapsed().as_secs_f64() < 60.0, "{:?}", t.elapsed());
+    for part in [
+        "training step 0",
+        "before its first checkpoint",
+        "broken.py every 3",
+        "crashed at step request 3",
+        "of the last 20 calls failed",
+        "environment.max_failure_rate 0.25",
+    ] {
+        assert!(err.contains(part), "{part:?} not in {err}");
+    }
+    let _ = fs::remove_dir_all(dir);
+}
+
+/// Resuming with another child command is refused with the field that differs named.
+#[test]
+fn a_resume_with_a_changed_command_names_the_field() {
+    let dir = scratch("process-changed");
+    let exp = process_smoke(None);
+    let run = dir.join("runs/process_smoke/seed-1");
+    let opts = rlany_framework::TrainOptions {
+        stop_after: Some(1),
+        ..fresh_options(&run)
+    };
+    rlany::run(&exp, 1, &opts).expect("two steps");
+    let changed = process_smoke(Some(broken_command(&["slow"])));
+    let err = format!(
+        "{:#}",
+        rlany::run(&changed, 1, &resume_options(&run)).expect_err("refused")
+    );
+    assert!(
+        err.contains("environment.command[1]:") && err.contains("broken.py"),
+        "{err}"
+    );
+    assert!(err.contains("environment.command[2]: absent → \"slow\""), "{err}");
+    let _ = fs::remove_dir_all(dir);
+}
+
 /// `rlany env process -- COMMAND` runs the conformance checks: the reference environment
 /// passes them and shows a task; a child that crashes at its first step fails them (exit 1);
 /// `process` without a command is a usage error (exit 2).

@@ -11,6 +11,12 @@ below), then, by MODE:
   crash-if PATH   crashes at every step while the file PATH exists (the reference
             environment otherwise)
   slow      is correct but sleeps 0.3 s in every reset and step
+  every K   crashes at every K-th step request it receives (a restarted child counts
+            from 0 again: it answers K-1 steps, then crashes)
+  once PATH crashes at its first step unless the file PATH exists, creating it first: one
+            crash in the life of the whole test, however many children are started
+  sleeponce PATH S  sleeps S seconds at its first step unless PATH exists (creating it
+            first): one reply late once
 and at `hello`:
   oldproto  claims protocol 0
   nodims    describes no dimensions
@@ -28,9 +34,29 @@ import rlany_protocol  # noqa: E402
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "crash"
 OUT = sys.stdout
+STEPS = 0  # step requests this child received
+
+
+def first_time(path):
+    """True the first time any child asks (the marker file did not exist; it does now)."""
+    p = Path(path)
+    if p.exists():
+        return False
+    p.write_text("1")
+    return True
 
 
 def misbehave():
+    global STEPS
+    STEPS += 1
+    if MODE == "every" and STEPS % int(sys.argv[2]) == 0:
+        print(f"Traceback: broken.py crashed at step request {STEPS}", file=sys.stderr, flush=True)
+        sys.exit(5)
+    if MODE == "once" and first_time(sys.argv[2]):
+        print("Traceback: broken.py crashed once", file=sys.stderr, flush=True)
+        sys.exit(6)
+    if MODE == "sleeponce" and first_time(sys.argv[2]):
+        time.sleep(float(sys.argv[3]))
     if MODE == "slow":
         time.sleep(0.3)
         return

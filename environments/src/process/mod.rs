@@ -34,6 +34,12 @@
 //! successful `step` between them the environment is *faulted* ([`Environment::fault`]): nothing more is started, and the
 //! loop stops the run with that message (naming the command, the failure and the end of
 //! the child's stderr) before its next checkpoint, so the run resumes from the last one.
+//! A child that fails often but not in a row faults it too: more than `max_failure_rate` of
+//! the last `failure_window` outcomes (successful steps and failed calls) failed — with the
+//! defaults (0.25 of 20) a child that crashes at every third step stops the run within its
+//! first training step, and one timeout in a long run does not. Every failure is counted
+//! ([`Environment::health`]): the loop writes `env/failed_calls`, `env/timeouts`,
+//! `env/restarts` and `env/failed_episodes` per step and warns when they are not zero.
 //! A restarted child that describes another difficulty space than the first is a failure
 //! too. How many failures are tolerated is the experiment's choice: `max_failures: 1` stops
 //! at the first.
@@ -82,6 +88,28 @@ pub struct ProcessSpec {
     pub max_line_kib: usize,
     /// Failed calls in a row that stop the run.
     pub max_failures: usize,
+    /// The largest fraction of failed calls among the last `failure_window` outcomes
+    /// (successful steps and failed calls) before the run stops; 1 turns the bound off.
+    #[serde(skip_serializing_if = "is_default_rate")]
+    pub max_failure_rate: f64,
+    /// How many recent outcomes `max_failure_rate` is taken over.
+    #[serde(skip_serializing_if = "is_default_window")]
+    pub failure_window: usize,
+}
+
+/// The default `max_failure_rate`.
+const DEFAULT_FAILURE_RATE: f64 = 0.25;
+/// The default `failure_window`.
+const DEFAULT_FAILURE_WINDOW: usize = 20;
+
+// Left out of a resolved experiment at their defaults, so that files and warm-start keys
+// written before these fields existed stay the same.
+fn is_default_rate(r: &f64) -> bool {
+    *r == DEFAULT_FAILURE_RATE
+}
+
+fn is_default_window(w: &usize) -> bool {
+    *w == DEFAULT_FAILURE_WINDOW
 }
 
 impl Default for ProcessSpec {
@@ -94,6 +122,8 @@ impl Default for ProcessSpec {
             timeout_s: 30.0,
             max_line_kib: 1024,
             max_failures: 3,
+            max_failure_rate: DEFAULT_FAILURE_RATE,
+            failure_window: DEFAULT_FAILURE_WINDOW,
         }
     }
 }
@@ -115,7 +145,12 @@ impl ProcessSpec {
 
     /// The environment, or why its first child did not start and describe itself.
     pub fn try_build(&self) -> Result<ProcessEnv, child::ProcessError> {
-        let pool = Pool::start(self.launch(), self.children, self.max_failures)?;
+        let tolerance = pool::Tolerance {
+            max_failures: self.max_failures,
+            max_rate: self.max_failure_rate,
+            window: self.failure_window,
+        };
+        let pool = Pool::start(self.launch(), self.children, tolerance)?;
         Ok(ProcessEnv {
             pool: Ok(Arc::new(pool)),
         })
@@ -154,7 +189,14 @@ impl EnvironmentPlugin for ProcessSpec {
         check::count("children", self.children, 1, 64)?;
         check::positive("timeout_s", self.timeout_s, 86_400.0)?;
         check::count("max_line_kib", self.max_line_kib, 1, 1 << 20)?;
-        check::count("max_failures", self.max_failures, 1, 1_000_000)
+        check::count("max_failures", self.max_failures, 1, 1_000_000)?;
+        if !(0.0..=1.0).contains(&self.max_failure_rate) {
+            return Err(FieldError::new(
+                "max_failure_rate",
+                format!("{} is outside [0, 1] (1 turns the bound off)", self.max_failure_rate),
+            ));
+        }
+        check::count("failure_window", self.failure_window, 1, 1_000_000)
     }
 
     fn start_difficulty(&self) -> Difficulty {
@@ -244,6 +286,17 @@ impl ProcessEnv {
 
     /// The episode a [`Self::start_reset`] started.
     fn finish_reset(
+        pool: &Arc<Pool>,
+        started: (usize, u64, Result<Sent, String>),
+    ) -> Result<ProcessEpisode, String> {
+        let result = Self::read_reset(pool, started);
+        if result.is_err() {
+            pool.episode_failed();
+        }
+        result
+    }
+
+    fn read_reset(
         pool: &Arc<Pool>,
         (slot, id, sent): (usize, u64, Result<Sent, String>),
     ) -> Result<ProcessEpisode, String> {
@@ -362,6 +415,14 @@ impl Environment for ProcessEnv {
             Err(e) => Some(e.clone()),
         }
     }
+
+    fn health(&self) -> Option<rlany_framework::EnvHealth> {
+        Some(
+            self.pool
+                .as_ref()
+                .map_or_else(|_| rlany_framework::EnvHealth::default(), |p| p.health()),
+        )
+    }
 }
 
 /// What one step's reply said, kept for the loop's later questions.
@@ -461,6 +522,7 @@ impl ProcessEpisode {
                 })
             }
             Err(e) => {
+                pool.episode_failed();
                 self.steps.push(StepInfo {
                     label: false,
                     dims: Vec::new(),

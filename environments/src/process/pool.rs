@@ -9,12 +9,16 @@
 //! `max_failures` failed calls with no successful `step` between them the pool is
 //! *faulted*: every later call fails at once without starting anything, and
 //! [`rlany_framework::Environment::fault`] names the command and the last failure, so the
-//! loop stops the run before its next checkpoint.
+//! loop stops the run before its next checkpoint. A child that fails *often* without
+//! failing twice in a row (one that crashes at every third step: each new child answers
+//! two steps first) faults it too: of the last `window` outcomes (successful steps and
+//! failed calls), more than `max_rate` failed.
 
 use super::child::{Child, Failure, Limits, PROTOCOL, ProcessError};
 use super::reply::Describe;
 use serde_json::{Map, Value};
 use std::path::PathBuf;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
@@ -64,7 +68,23 @@ struct Slot {
 struct Health {
     consecutive: usize,
     failed_calls: u64,
+    timeouts: u64,
+    restarts: u64,
+    /// The last outcomes, oldest first: `true` a failed call, `false` a successful step.
+    recent: VecDeque<bool>,
     fault: Option<String>,
+}
+
+/// When failures stop the environment.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tolerance {
+    /// Failed calls in a row (no successful step between them).
+    pub max_failures: usize,
+    /// The largest tolerated fraction of failures among the last `window` outcomes.
+    pub max_rate: f64,
+    /// How many outcomes (successful steps and failed calls) the rate is taken over; the
+    /// rate applies once that many were seen.
+    pub window: usize,
 }
 
 /// A request in flight: its `seq` and the generation of the child it went to.
@@ -89,7 +109,8 @@ pub struct Pool {
     next_slot: AtomicUsize,
     next_episode: AtomicU64,
     health: Mutex<Health>,
-    max_failures: usize,
+    tolerance: Tolerance,
+    failed_episodes: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -102,7 +123,7 @@ impl Pool {
     pub fn start(
         launch: Launch,
         children: usize,
-        max_failures: usize,
+        tolerance: Tolerance,
     ) -> Result<Self, ProcessError> {
         let (first, describe) = launch.start()?;
         let mut slots: Vec<Mutex<Slot>> = (0..children.max(1)).map(|_| Mutex::default()).collect();
@@ -117,7 +138,12 @@ impl Pool {
             next_slot: AtomicUsize::new(0),
             next_episode: AtomicU64::new(1),
             health: Mutex::default(),
-            max_failures: max_failures.max(1),
+            tolerance: Tolerance {
+                max_failures: tolerance.max_failures.max(1),
+                max_rate: tolerance.max_rate.clamp(0.0, 1.0),
+                window: tolerance.window.max(1),
+            },
+            failed_episodes: AtomicU64::new(0),
         })
     }
 
@@ -136,6 +162,22 @@ impl Pool {
         lock(&self.health).failed_calls
     }
 
+    /// The failure counts so far.
+    pub fn health(&self) -> rlany_framework::EnvHealth {
+        let h = lock(&self.health);
+        rlany_framework::EnvHealth {
+            failed_calls: h.failed_calls,
+            timeouts: h.timeouts,
+            restarts: h.restarts,
+            failed_episodes: self.failed_episodes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Counts an episode the environment ended (a failed call ended it).
+    pub fn episode_failed(&self) {
+        self.failed_episodes.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The slot for a new episode (round robin) and the episode's id.
     pub fn assign(&self) -> (usize, u64) {
         let slot = self.next_slot.fetch_add(1, Ordering::Relaxed) % self.slots.len();
@@ -143,22 +185,39 @@ impl Pool {
     }
 
     fn record(&self, result: Result<(), &ProcessError>) {
+        let t = self.tolerance;
         let mut h = lock(&self.health);
-        match result {
-            Ok(()) => h.consecutive = 0,
-            Err(e) => {
-                h.consecutive += 1;
-                h.failed_calls += 1;
-                if h.consecutive >= self.max_failures && h.fault.is_none() {
-                    h.fault = Some(format!(
-                        "{e} ({} failed call{} since the last good step, environment.max_failures is {}: \
-                         the run stops; its last checkpoint is intact)",
-                        h.consecutive,
-                        if h.consecutive == 1 { "" } else { "s" },
-                        self.max_failures
-                    ));
-                }
-            }
+        h.recent.push_back(result.is_err());
+        while h.recent.len() > t.window {
+            h.recent.pop_front();
+        }
+        let Err(e) = result else {
+            h.consecutive = 0;
+            return;
+        };
+        h.consecutive += 1;
+        h.failed_calls += 1;
+        if matches!(e.failure, Failure::Timeout { .. }) {
+            h.timeouts += 1;
+        }
+        if h.fault.is_some() {
+            return;
+        }
+        let failed = h.recent.iter().filter(|f| **f).count();
+        if h.consecutive >= t.max_failures {
+            h.fault = Some(format!(
+                "{e} ({} failed call{} since the last good step, environment.max_failures is {}: \
+                 the run stops)",
+                h.consecutive,
+                if h.consecutive == 1 { "" } else { "s" },
+                t.max_failures
+            ));
+        } else if h.recent.len() == t.window && failed as f64 > t.max_rate * t.window as f64 {
+            h.fault = Some(format!(
+                "{e} ({failed} of the last {} calls failed ({} in all), above \
+                 environment.max_failure_rate {}: the run stops)",
+                t.window, h.failed_calls, t.max_rate
+            ));
         }
     }
 
@@ -198,7 +257,13 @@ impl Pool {
         }
         if s.child.is_none() {
             match self.launch.start() {
-                Ok((child, d)) if d.dims == self.describe.dims => s.child = Some(child),
+                Ok((child, d)) if d.dims == self.describe.dims => {
+                    // A slot whose child was lost has a generation above 0.
+                    if s.generation > 0 {
+                        lock(&self.health).restarts += 1;
+                    }
+                    s.child = Some(child);
+                }
                 Ok((mut child, d)) => {
                     child.kill();
                     let e = ProcessError {

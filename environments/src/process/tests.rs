@@ -17,8 +17,14 @@ fn reference() -> ProcessSpec {
 }
 
 fn broken(mode: &str, timeout_s: f64, max_failures: usize) -> ProcessSpec {
+    broken_with(&[mode], timeout_s, max_failures)
+}
+
+fn broken_with(args: &[&str], timeout_s: f64, max_failures: usize) -> ProcessSpec {
+    let mut command = vec!["python3".to_string(), script("testdata/broken.py")];
+    command.extend(args.iter().map(|a| a.to_string()));
     ProcessSpec {
-        command: vec!["python3".into(), script("testdata/broken.py"), mode.into()],
+        command,
         difficulty: vec![0.5, 0.5],
         children: 1,
         timeout_s,
@@ -336,4 +342,120 @@ fn requests_to_several_children_run_in_parallel() {
     let mut ep = env.sample(&[0.5, 0.5], Split::Train, 1);
     ep.submit("+1");
     assert!(ep.step("+2").done && !ep.outcome());
+}
+
+/// Plays the expert's trajectory of each seed in turn until the environment faults; returns
+/// the episodes played and how many of them the environment ended.
+fn play_until_fault(env: &ProcessEnv, seeds: std::ops::Range<u64>) -> (usize, usize) {
+    let (mut played, mut ended) = (0, 0);
+    for seed in seeds {
+        if env.fault().is_some() {
+            break;
+        }
+        let (_, actions) = env.demonstration(&[0.5, 0.5], 0.0, seed);
+        let mut ep = match env.try_sample(&[0.5, 0.5], Split::Train, seed) {
+            Ok(ep) => ep,
+            Err(_) => {
+                (played, ended) = (played + 1, ended + 1);
+                continue;
+            }
+        };
+        let mut failed = false;
+        for a in &actions {
+            failed |= ep.try_step(a).is_err();
+        }
+        played += 1;
+        ended += usize::from(failed || ep.error().is_some());
+    }
+    (played, ended)
+}
+
+/// A child that crashes at every third step never fails twice in a row (each new child
+/// answers two steps first), so only the failure rate stops it: with the defaults (more
+/// than 0.25 of the last 20 outcomes) a third of the outcomes failing stops it after 20
+/// outcomes — 7 failures, within 7 episodes of the expert's three steps.
+#[test]
+fn a_child_crashing_at_every_third_step_is_stopped_by_its_failure_rate() {
+    let spec = ProcessSpec {
+        children: 1,
+        ..broken_with(&["every", "3"], 10.0, 3)
+    };
+    assert_eq!((spec.max_failure_rate, spec.failure_window), (0.25, 20));
+    let env = spec.try_build().expect("starts");
+    let t0 = Instant::now();
+    let (played, ended) = play_until_fault(&env, 0..200);
+    let fault = env.fault().expect("the rate bound faults it");
+    assert!(played <= 7, "{played} episodes before the fault");
+    assert_eq!(ended, played, "every episode reached the crash");
+    assert!(
+        fault.contains("7 of the last 20 calls failed")
+            && fault.contains("environment.max_failure_rate 0.25")
+            && fault.contains("broken.py")
+            && fault.contains("crashed at step request 3"),
+        "{fault}"
+    );
+    assert!(t0.elapsed().as_secs() < 30, "{:?}", t0.elapsed());
+    let h = env.health().expect("counted");
+    assert_eq!((h.failed_calls, h.timeouts), (7, 0));
+    assert_eq!(h.restarts, 6, "each crash but the last was followed by a new child");
+    assert!(h.failed_episodes >= 7, "{h:?}");
+    // With the rate bound off the same child runs on (the old behaviour, now a choice).
+    let env = ProcessSpec {
+        max_failure_rate: 1.0,
+        ..spec.clone()
+    }
+    .try_build()
+    .expect("starts");
+    let (played, _) = play_until_fault(&env, 0..12);
+    assert_eq!((played, env.fault()), (12, None));
+}
+
+/// One crash in a run: the episode it ended is counted, the child is restarted, nothing
+/// stops, and the later episodes are solved.
+#[test]
+fn a_child_that_fails_once_is_counted_and_the_run_goes_on() {
+    let marker = std::env::temp_dir().join(format!("rlany-once-{}", std::process::id()));
+    let _ = std::fs::remove_file(&marker);
+    let marker_s = marker.to_string_lossy().into_owned();
+    let env = ProcessSpec {
+        children: 1,
+        ..broken_with(&["once", &marker_s], 10.0, 3)
+    }
+    .try_build()
+    .expect("starts");
+    let (played, ended) = play_until_fault(&env, 0..30);
+    let _ = std::fs::remove_file(&marker);
+    assert_eq!((played, ended), (30, 1));
+    assert_eq!(env.fault(), None);
+    let h = env.health().expect("counted");
+    assert_eq!(
+        h,
+        rlany_framework::EnvHealth {
+            failed_calls: 1,
+            timeouts: 0,
+            restarts: 1,
+            failed_episodes: 1
+        }
+    );
+}
+
+/// One reply later than `timeout_s`: counted as a timeout, the child is replaced, the run
+/// goes on.
+#[test]
+fn one_reply_past_its_timeout_is_counted_and_the_run_goes_on() {
+    let marker = std::env::temp_dir().join(format!("rlany-sleeponce-{}", std::process::id()));
+    let _ = std::fs::remove_file(&marker);
+    let marker_s = marker.to_string_lossy().into_owned();
+    let env = ProcessSpec {
+        children: 1,
+        ..broken_with(&["sleeponce", &marker_s, "5"], 1.0, 3)
+    }
+    .try_build()
+    .expect("starts");
+    let (played, ended) = play_until_fault(&env, 0..10);
+    let _ = std::fs::remove_file(&marker);
+    assert_eq!((played, ended), (10, 1));
+    assert_eq!(env.fault(), None);
+    let h = env.health().expect("counted");
+    assert_eq!((h.failed_calls, h.timeouts, h.restarts, h.failed_episodes), (1, 1, 1, 1));
 }
