@@ -149,6 +149,10 @@ enum Command {
         /// Only report errors.
         #[arg(long, short)]
         quiet: bool,
+        /// Also start each process environment's child once and ask its `hello` (a wrong
+        /// command or path shows here, not at `run`).
+        #[arg(long)]
+        probe: bool,
     },
 }
 
@@ -225,7 +229,11 @@ fn dispatch(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
-        Command::Check { files, quiet } => check(&files, quiet),
+        Command::Check {
+            files,
+            quiet,
+            probe,
+        } => check(&files, quiet, probe),
         Command::Run {
             file,
             backend,
@@ -322,7 +330,8 @@ fn dispatch(cli: Cli) -> Result<()> {
 
 /// `rlany check`: validates every file (all of them, not only up to the first bad one),
 /// printing the resolved experiment of each valid one; the error says how many were invalid.
-pub fn check(files: &[PathBuf], quiet: bool) -> Result<()> {
+/// With `probe`, a process environment's child is started once and answers `hello`.
+pub fn check(files: &[PathBuf], quiet: bool, probe: bool) -> Result<()> {
     let mut failed: Vec<String> = Vec::new();
     for f in files {
         let loaded = Experiment::load(f).map(|exp| {
@@ -335,12 +344,35 @@ pub fn check(files: &[PathBuf], quiet: bool) -> Result<()> {
                     eprintln!("error: {}: {m}", f.display());
                 }
                 failed.push(f.display().to_string());
+                continue;
             }
             Ok(_) if quiet => println!("{}: ok", f.display()),
-            Ok((exp, _)) => println!("// {}: ok\n{}", f.display(), exp.to_ron()),
+            Ok((ref exp, _)) => println!("// {}: ok\n{}", f.display(), exp.to_ron()),
             Err(e) => {
                 eprintln!("error: {e}");
                 failed.push(f.display().to_string());
+                continue;
+            }
+        }
+        if let (true, Ok((exp, _))) = (probe, &loaded)
+            && let EnvironmentSpec::Process(p) = &exp.environment
+        {
+            match p.try_build() {
+                Ok(env) => {
+                    let (name, version) = env.name().unwrap_or_default();
+                    let dims: Vec<String> =
+                        env.difficulty_space().iter().map(|d| d.name.clone()).collect();
+                    println!(
+                        "{}: probe ok: `{name}`{} answered hello, dims {}",
+                        f.display(),
+                        version.map(|v| format!(" version {v}")).unwrap_or_default(),
+                        dims.join(", ")
+                    );
+                }
+                Err(e) => {
+                    eprintln!("error: {}: the environment did not start: {e}", f.display());
+                    failed.push(f.display().to_string());
+                }
             }
         }
     }

@@ -72,6 +72,9 @@ pub fn apply_where_present(
     if let Value::Object(root) = &mut tree {
         root.entry("shards").or_insert(Value::from(exp.shards));
     }
+    // Leaves a set created (fields the resolved text leaves out at their default, like a
+    // process environment's `max_failure_rate`): `(set index, path, leaf key)`.
+    let mut created: Vec<(usize, String, String)> = Vec::new();
     for (i, arg) in sets.iter().enumerate() {
         let (path, text) = arg
             .split_once('=')
@@ -81,8 +84,14 @@ pub fn apply_where_present(
             arg: arg.clone(),
             message,
         })?;
-        match field_mut(&mut tree, path.trim()) {
-            Ok(slot) => *slot = value,
+        match field_mut(&mut tree, path.trim(), true) {
+            Ok((slot, new_leaf)) => {
+                *slot = value;
+                if new_leaf {
+                    let leaf = path.trim().rsplit('.').next().unwrap_or_default().to_string();
+                    created.push((i, path.trim().to_string(), leaf));
+                }
+            }
             Err(_) if skip_absent => skipped.push(i),
             Err(at) => {
                 return Err(OverrideError::NoField {
@@ -93,10 +102,36 @@ pub fn apply_where_present(
             }
         }
     }
-    let out: Experiment = serde_json::from_value(tree).map_err(|e| OverrideError::Schema {
-        arg: sets.join(" "),
-        message: e.to_string(),
-    })?;
+    // A created leaf the schema does not know is a field that does not exist: refused by
+    // name (or skipped for a suite row), and the rest read again without it.
+    let out: Experiment = loop {
+        match serde_json::from_value::<Experiment>(tree.clone()) {
+            Ok(e) => break e,
+            Err(e) => {
+                let message = e.to_string();
+                let unknown = created.iter().position(|(_, _, leaf)| {
+                    message.contains(&format!("unknown field `{leaf}`"))
+                });
+                let Some(k) = unknown else {
+                    return Err(OverrideError::Schema {
+                        arg: sets.join(" "),
+                        message,
+                    });
+                };
+                let (i, path, leaf) = created.remove(k);
+                if !skip_absent {
+                    return Err(OverrideError::NoField {
+                        arg: sets[i].clone(),
+                        path,
+                        at: leaf,
+                    });
+                }
+                remove_field(&mut tree, &path);
+                skipped.push(i);
+            }
+        }
+    };
+    skipped.sort_unstable();
     // Validated like a file: the resolved text gives the error its line.
     let text = out.to_ron();
     let exp = Experiment::parse(&text, Path::new("<experiment with --set>"))
@@ -138,30 +173,68 @@ fn parse_value(text: &str) -> Result<Value, String> {
 }
 
 /// The value at dotted `path`, stepping through single-variant enum objects
-/// (`{"Arith": {...}}`) when the variant is not itself named in the path. `Err` holds the
-/// part of the path that was not found.
-fn field_mut<'a>(tree: &'a mut Value, path: &str) -> Result<&'a mut Value, String> {
+/// (`{"Arith": {...}}`) when the variant is not itself named in the path. With `create`, a
+/// missing last key of an existing object is inserted (`null`, reported by `true`): the
+/// typed read-back decides whether the field exists. `Err` holds the part of the path that
+/// was not found.
+fn field_mut<'a>(
+    tree: &'a mut Value,
+    path: &str,
+    create: bool,
+) -> Result<(&'a mut Value, bool), String> {
+    let keys: Vec<&str> = path.split('.').collect();
     let mut cur = tree;
-    for key in path.split('.') {
+    for (n, key) in keys.iter().enumerate() {
+        let last = n + 1 == keys.len();
         let Value::Object(map) = cur else {
             return Err(key.to_string());
         };
-        if !map.contains_key(key) && map.len() == 1 {
+        // Step into a single-variant enum object unless the key is its own field.
+        let map = if !map.contains_key(*key)
+            && map.len() == 1
+            && map
+                .keys()
+                .next()
+                .is_some_and(|v| v.starts_with(|c: char| c.is_ascii_uppercase()))
+        {
             let variant = map.keys().next().cloned().unwrap_or_default();
-            if variant.starts_with(|c: char| c.is_ascii_uppercase()) {
-                let inner = map.get_mut(&variant).ok_or_else(|| key.to_string())?;
-                cur = match inner {
-                    Value::Object(m) if m.contains_key(key) => {
-                        m.get_mut(key).ok_or_else(|| key.to_string())?
-                    }
-                    _ => return Err(key.to_string()),
-                };
-                continue;
+            match map.get_mut(&variant) {
+                Some(Value::Object(m)) => m,
+                _ => return Err(key.to_string()),
+            }
+        } else {
+            map
+        };
+        if !map.contains_key(*key) {
+            if create && last {
+                map.insert(key.to_string(), Value::Null);
+                let slot = map.get_mut(*key).ok_or_else(|| key.to_string())?;
+                return Ok((slot, true));
+            }
+            return Err(key.to_string());
+        }
+        cur = map.get_mut(*key).ok_or_else(|| key.to_string())?;
+    }
+    Ok((cur, false))
+}
+
+/// Removes the field at dotted `path` (one [`field_mut`] created).
+fn remove_field(tree: &mut Value, path: &str) {
+    let (parent, leaf) = match path.rsplit_once('.') {
+        Some((p, l)) => (Some(p), l),
+        None => (None, path),
+    };
+    let map = match parent {
+        Some(p) => field_mut(tree, p, false).ok().map(|(v, _)| v),
+        None => Some(tree),
+    };
+    if let Some(Value::Object(m)) = map {
+        if m.remove(leaf).is_none() && m.len() == 1 {
+            if let Some(Value::Object(inner)) = m.values_mut().next() {
+                inner.remove(leaf);
             }
         }
-        cur = map.get_mut(key).ok_or_else(|| key.to_string())?;
     }
-    Ok(cur)
 }
 
 #[cfg(test)]
@@ -254,5 +327,40 @@ Experiment(
             }
             other => panic!("expected Invalid, got {other:?}"),
         }
+    }
+
+    /// Fields the resolved text leaves out at their default (a household's `slack`, a
+    /// process environment's failure bounds) are settable; a name no schema has is still
+    /// refused by name.
+    #[test]
+    fn fields_left_out_at_their_default_are_settable() {
+        let hh = Experiment::parse(
+            &FILE.replace("Arith(max_operands: 3)", "Household()"),
+            Path::new("h.ron"),
+        )
+        .expect("parses");
+        assert!(!hh.to_ron().contains("slack"), "left out at its default");
+        let (e, skipped) =
+            apply_where_present(&hh, &["environment.slack=12".to_string()], false).expect("set");
+        assert!(e.to_ron().contains("slack: 12"), "{}", e.to_ron());
+        assert!(skipped.is_empty());
+        let p = Experiment::parse(
+            &FILE.replace(
+                "Arith(max_operands: 3)",
+                r#"Process(command: ["python3", "x.py"], difficulty: [0.5])"#,
+            ),
+            Path::new("p.ron"),
+        )
+        .expect("parses");
+        let e = apply(&p, &["environment.max_failure_rate=1.0".to_string()]).expect("set");
+        assert!(e.to_ron().contains("max_failure_rate: 1.0"), "{}", e.to_ron());
+        match set(&["environment.max_operandz=5"]) {
+            Err(OverrideError::NoField { at, .. }) => assert_eq!(at, "max_operandz"),
+            other => panic!("{other:?}"),
+        }
+        // A suite row without the field skips the set instead.
+        let (_, skipped) =
+            apply_where_present(&exp(), &["environment.slack=12".to_string()], true).expect("ok");
+        assert_eq!(skipped, [0]);
     }
 }

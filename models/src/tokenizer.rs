@@ -127,4 +127,31 @@ mod tests {
             assert_eq!(t.encode(&t.decode(&[id])), vec![id]);
         }
     }
+
+    /// environments/process/PROTOCOL.md's worked example, token for token: the context a
+    /// scratch model reads for a two-step episode of the reference environment.
+    #[test]
+    fn the_protocols_worked_example_is_what_the_policy_reads() {
+        use rlany_framework::PromptFormat;
+        let t = CharTokenizer::new();
+        let f = PromptFormat::Lines;
+        let mut ctx = f.start(&t, "from 6 to 9, steps up to 2\n", Some("instructions unseen"));
+        for (action, obs) in [("+2\n", "at 8"), ("+1\n", "at 9")] {
+            let generated = t.encode(action);
+            ctx.extend(&generated);
+            ctx.extend(f.close_action(&t, &generated));
+            ctx.extend(f.observation(&t, obs));
+        }
+        let doc: Vec<u32> = [
+            &[1][..],
+            &[75, 87, 84, 82, 5, 27, 5, 89, 84, 5, 30, 17, 5, 88, 89, 74, 85, 88, 5, 90, 85, 5, 89, 84, 5, 23, 4],
+            &[16, 23, 4],
+            &[70, 89, 5, 29, 4],
+            &[16, 22, 4],
+            &[70, 89, 5, 30, 4],
+        ]
+        .concat();
+        assert_eq!(ctx, doc);
+        assert_eq!(ctx.len(), 44);
+    }
 }

@@ -1654,7 +1654,7 @@ fn check_counts_the_invalid_files() {
     );
     assert_eq!(rlany(&["check", "-q", &good, &bad]), 2);
     assert_eq!(rlany(&["check", "-q", &good]), 0);
-    let err = rlany::check(&[good.into(), bad.into()], true).expect_err("one is bad");
+    let err = rlany::check(&[good.into(), bad.into()], true, false).expect_err("one is bad");
     let msg = format!("{err:#}");
     assert!(msg.starts_with("1 of 2 files invalid"), "{msg}");
     assert!(msg.ends_with("bad.ron"), "{msg}");
@@ -1958,6 +1958,24 @@ fn a_resume_with_a_changed_command_names_the_field() {
         "{err}"
     );
     assert!(err.contains("environment.command[2]: absent → \"slow\""), "{err}");
+    let _ = fs::remove_dir_all(dir);
+}
+
+/// `rlany check --probe` starts a process environment's child once: the shipped command
+/// answers `hello` (exit 0); a script path that does not exist is named before any run
+/// (exit 2, bad input), while plain `rlany check` cannot see it.
+#[test]
+fn rlany_check_probe_starts_the_child() {
+    let dir = scratch("check-probe");
+    let good = write(&dir, "good.ron", &process_smoke(None).to_ron());
+    assert_eq!(rlany(&["check", "--probe", "-q", &good]), 0);
+    let missing = process_smoke(Some(vec![
+        "python3".into(),
+        "environments/process/not-there.py".into(),
+    ]));
+    let bad = write(&dir, "bad.ron", &missing.to_ron());
+    assert_eq!(rlany(&["check", "-q", &bad]), 0, "the file itself is valid");
+    assert_eq!(rlany(&["check", "--probe", "-q", &bad]), 2);
     let _ = fs::remove_dir_all(dir);
 }
 
