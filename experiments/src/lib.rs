@@ -291,8 +291,13 @@ fn dispatch(cli: Cli) -> Result<()> {
                 let opts = opts_for(s);
                 let run_dir = opts.run_dir.clone();
                 let started = std::time::Instant::now();
-                let summary =
-                    run(&exp, s, &opts).with_context(|| format!("run {}", run_dir.display()))?;
+                let existed = run_dir.join("resolved.ron").exists();
+                let summary = match run(&exp, s, &opts) {
+                    Ok(summary) => summary,
+                    // A run that never started (its directory was not made): the cause first.
+                    Err(e) if !existed && !run_dir.join("resolved.ron").exists() => return Err(e),
+                    Err(e) => return Err(e.context(format!("run {}", run_dir.display()))),
+                };
                 print_summary(&exp, s, &run_dir, &summary, started.elapsed().as_secs_f64());
             }
             Ok(())
