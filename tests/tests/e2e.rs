@@ -655,6 +655,12 @@ fn smollm2() -> Option<PathBuf> {
         .join("../models/pretrained/SmolLM2-135M-Instruct.Q4_1.gguf");
     if path.exists() {
         Some(path)
+    } else if std::env::var_os("RLANY_REQUIRE_MODELS").is_some() {
+        // CI (`.ci/run`) sets it: a real-model test that cannot run is a failure there.
+        panic!(
+            "{} is absent and RLANY_REQUIRE_MODELS is set: `bash models/fetch-smollm2.sh` fetches it",
+            path.display()
+        );
     } else {
         eprintln!(
             "skipped: {} is absent; `bash models/fetch-smollm2.sh` fetches it",
