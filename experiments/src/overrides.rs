@@ -228,12 +228,12 @@ fn remove_field(tree: &mut Value, path: &str) {
         Some(p) => field_mut(tree, p, false).ok().map(|(v, _)| v),
         None => Some(tree),
     };
-    if let Some(Value::Object(m)) = map {
-        if m.remove(leaf).is_none() && m.len() == 1 {
-            if let Some(Value::Object(inner)) = m.values_mut().next() {
-                inner.remove(leaf);
-            }
-        }
+    if let Some(Value::Object(m)) = map
+        && m.remove(leaf).is_none()
+        && m.len() == 1
+        && let Some(Value::Object(inner)) = m.values_mut().next()
+    {
+        inner.remove(leaf);
     }
 }
 
