@@ -365,8 +365,11 @@ pub fn check(files: &[PathBuf], quiet: bool, probe: bool) -> Result<()> {
             match p.try_build() {
                 Ok(env) => {
                     let (name, version) = env.name().unwrap_or_default();
-                    let dims: Vec<String> =
-                        env.difficulty_space().iter().map(|d| d.name.clone()).collect();
+                    let dims: Vec<String> = env
+                        .difficulty_space()
+                        .iter()
+                        .map(|d| d.name.clone())
+                        .collect();
                     println!(
                         "{}: probe ok: `{name}`{} answered hello, dims {}",
                         f.display(),

@@ -88,7 +88,12 @@ pub fn apply_where_present(
             Ok((slot, new_leaf)) => {
                 *slot = value;
                 if new_leaf {
-                    let leaf = path.trim().rsplit('.').next().unwrap_or_default().to_string();
+                    let leaf = path
+                        .trim()
+                        .rsplit('.')
+                        .next()
+                        .unwrap_or_default()
+                        .to_string();
                     created.push((i, path.trim().to_string(), leaf));
                 }
             }
@@ -109,9 +114,9 @@ pub fn apply_where_present(
             Ok(e) => break e,
             Err(e) => {
                 let message = e.to_string();
-                let unknown = created.iter().position(|(_, _, leaf)| {
-                    message.contains(&format!("unknown field `{leaf}`"))
-                });
+                let unknown = created
+                    .iter()
+                    .position(|(_, _, leaf)| message.contains(&format!("unknown field `{leaf}`")));
                 let Some(k) = unknown else {
                     return Err(OverrideError::Schema {
                         arg: sets.join(" "),
@@ -353,7 +358,11 @@ Experiment(
         )
         .expect("parses");
         let e = apply(&p, &["environment.max_failure_rate=1.0".to_string()]).expect("set");
-        assert!(e.to_ron().contains("max_failure_rate: 1.0"), "{}", e.to_ron());
+        assert!(
+            e.to_ron().contains("max_failure_rate: 1.0"),
+            "{}",
+            e.to_ron()
+        );
         match set(&["environment.max_operandz=5"]) {
             Err(OverrideError::NoField { at, .. }) => assert_eq!(at, "max_operandz"),
             other => panic!("{other:?}"),

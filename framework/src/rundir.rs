@@ -368,7 +368,9 @@ mod tests {
     #[test]
     fn a_refused_resume_names_the_fields_that_differ() {
         let stored = "Experiment(\n    name: \"p\",\n    environment: Process(\n        command: [\n            \"python3\",\n            \"a.py\",\n        ],\n        timeout_s: 30.0,\n    ),\n    budget: (\n        steps: 10,\n    ),\n)\n";
-        let now = stored.replace("a.py", "b.py").replace("steps: 10", "steps: 20");
+        let now = stored
+            .replace("a.py", "b.py")
+            .replace("steps: 10", "steps: 20");
         assert_eq!(
             differing_fields(stored, &now),
             [
@@ -376,12 +378,16 @@ mod tests {
                 "budget.steps: 10 → 20"
             ]
         );
-        let added = stored.replace("        timeout_s: 30.0,\n", "        timeout_s: 30.0,\n        children: 4,\n");
+        let added = stored.replace(
+            "        timeout_s: 30.0,\n",
+            "        timeout_s: 30.0,\n        children: 4,\n",
+        );
         assert_eq!(
             differing_fields(stored, &added),
             ["environment.children: absent → 4"]
         );
-        let dir = std::env::temp_dir().join(format!("rlany-rundir-mismatch-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("rlany-rundir-mismatch-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         RunDir::create(&dir, stored, &serde_json::json!({})).expect("create");
         let e = RunDir::open(&dir, &now).expect_err("refused").to_string();

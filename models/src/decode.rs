@@ -338,7 +338,10 @@ fn sample_on_device<B: Backend>(
 /// # Shapes
 /// - `p`: `[batch, vocab]`, non-negative; `u`: `[batch, 1]` in `[0, 1)`
 /// - output: `[batch, 1]` ids
-pub(crate) fn inverse_cdf_in_blocks<B: Backend>(p: Tensor<B, 2>, u: Tensor<B, 2>) -> Tensor<B, 2, Int> {
+pub(crate) fn inverse_cdf_in_blocks<B: Backend>(
+    p: Tensor<B, 2>,
+    u: Tensor<B, 2>,
+) -> Tensor<B, 2, Int> {
     let [batch, vocab] = p.dims();
     let bs = ((vocab as f64).sqrt().ceil() as usize).max(1);
     let nb = vocab.div_ceil(bs);
@@ -355,11 +358,7 @@ pub(crate) fn inverse_cdf_in_blocks<B: Backend>(p: Tensor<B, 2>, u: Tensor<B, 2>
     let target = cdf.clone().narrow(1, nb - 1, 1) * u;
     // Blocks whose running sum does not pass the target: the draw lies after them.
     let before = cdf.lower_equal(target.clone());
-    let k = before
-        .clone()
-        .int()
-        .sum_dim(1)
-        .clamp_max(nb as i64 - 1);
+    let k = before.clone().int().sum_dim(1).clamp_max(nb as i64 - 1);
     let prior = (mass * before.float()).sum_dim(1);
     // [batch, bs]: block k of each row, its running sum from the mass before it.
     let index = k.clone().reshape([batch, 1, 1]).repeat_dim(2, bs);

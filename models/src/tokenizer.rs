@@ -135,7 +135,11 @@ mod tests {
         use rlany_framework::PromptFormat;
         let t = CharTokenizer::new();
         let f = PromptFormat::Lines;
-        let mut ctx = f.start(&t, "from 6 to 9, steps up to 2\n", Some("instructions unseen"));
+        let mut ctx = f.start(
+            &t,
+            "from 6 to 9, steps up to 2\n",
+            Some("instructions unseen"),
+        );
         for (action, obs) in [("+2\n", "at 8"), ("+1\n", "at 9")] {
             let generated = t.encode(action);
             ctx.extend(&generated);
@@ -144,7 +148,10 @@ mod tests {
         }
         let doc: Vec<u32> = [
             &[1][..],
-            &[75, 87, 84, 82, 5, 27, 5, 89, 84, 5, 30, 17, 5, 88, 89, 74, 85, 88, 5, 90, 85, 5, 89, 84, 5, 23, 4],
+            &[
+                75, 87, 84, 82, 5, 27, 5, 89, 84, 5, 30, 17, 5, 88, 89, 74, 85, 88, 5, 90, 85, 5,
+                89, 84, 5, 23, 4,
+            ],
             &[16, 23, 4],
             &[70, 89, 5, 29, 4],
             &[16, 22, 4],

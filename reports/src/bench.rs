@@ -295,7 +295,10 @@ impl BenchComparison {
         for (w, row) in self.scaled.iter().enumerate() {
             for (s, n) in row.iter().enumerate() {
                 if let Some(n) = n {
-                    notes.push(format!("{} / {}: N = {n}", self.series[s], self.workloads[w]));
+                    notes.push(format!(
+                        "{} / {}: N = {n}",
+                        self.series[s], self.workloads[w]
+                    ));
                 }
             }
         }
@@ -599,8 +602,14 @@ mod tests {
         assert!((w - 5.0965).abs() < 1e-3, "{w}");
         assert_eq!(cmp.ms[0][1], Some(2.214));
         let md = cmp.markdown();
-        assert!(md.contains("| K1_fwd_V151936_f32 | 5.097† | **2.214** |"), "{md}");
-        assert!(md.contains("wgpu · fused / K1_fwd_V151936_f32: N = 3533"), "{md}");
+        assert!(
+            md.contains("| K1_fwd_V151936_f32 | 5.097† | **2.214** |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("wgpu · fused / K1_fwd_V151936_f32: N = 3533"),
+            "{md}"
+        );
     }
 
     #[test]

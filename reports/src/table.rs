@@ -726,7 +726,10 @@ mod tests {
         let failing = |seed: u64, lost: &[(u64, f64)]| {
             let mut r = training_run("p", seed, 0.1);
             for l in &mut r.lines {
-                let n = lost.iter().find(|(s, _)| *s == l.step).map_or(0.0, |(_, n)| *n);
+                let n = lost
+                    .iter()
+                    .find(|(s, _)| *s == l.step)
+                    .map_or(0.0, |(_, n)| *n);
                 l.values.insert("env/failed_episodes".to_string(), Some(n));
             }
             r
@@ -742,7 +745,11 @@ mod tests {
             .expect("shown");
         // (3 + 0) / 2 seeds.
         assert!((t.rows[0].cells[c].expect("total").mean - 1.5).abs() < 1e-12);
-        assert!(t.notes.iter().any(|n| n.contains("scored unsolved")), "{:?}", t.notes);
+        assert!(
+            t.notes.iter().any(|n| n.contains("scored unsolved")),
+            "{:?}",
+            t.notes
+        );
         // Runs of an in-process environment do not log it: no column.
         let t = Table::build(&Suite::from_runs(vec![training_run("q", 1, 0.1)], &[]));
         assert!(

@@ -1898,7 +1898,10 @@ fn a_process_environment_failure_is_counted_in_metrics_and_summary() {
     assert_eq!(total("env/failed_calls"), 1.0);
     assert_eq!(total("env/restarts"), 1.0);
     assert_eq!(total("env/timeouts"), 0.0);
-    assert_eq!(total("env/failed_episodes"), summary.env_failed_episodes as f64);
+    assert_eq!(
+        total("env/failed_episodes"),
+        summary.env_failed_episodes as f64
+    );
     let line = rlany::summary_line(&exp, 1, &run, &summary, 1.0);
     assert!(
         line.contains("the environment failed 1 call and ended"),
@@ -1907,9 +1910,17 @@ fn a_process_environment_failure_is_counted_in_metrics_and_summary() {
     // The reference child: the same keys, all 0.
     let healthy = dir.join("runs/healthy/seed-1");
     let summary = rlany::run(&process_smoke(None), 1, &fresh_options(&healthy)).expect("runs");
-    assert_eq!((summary.env_failed_calls, summary.env_failed_episodes), (0, 0));
+    assert_eq!(
+        (summary.env_failed_calls, summary.env_failed_episodes),
+        (0, 0)
+    );
     for l in metrics(&healthy) {
-        for k in ["env/failed_calls", "env/timeouts", "env/restarts", "env/failed_episodes"] {
+        for k in [
+            "env/failed_calls",
+            "env/timeouts",
+            "env/restarts",
+            "env/failed_episodes",
+        ] {
             assert_eq!(l[k], 0.0, "{k} in {l}");
         }
     }
@@ -1963,7 +1974,10 @@ fn a_resume_with_a_changed_command_names_the_field() {
         err.contains("environment.command[1]:") && err.contains("broken.py"),
         "{err}"
     );
-    assert!(err.contains("environment.command[2]: absent → \"slow\""), "{err}");
+    assert!(
+        err.contains("environment.command[2]: absent → \"slow\""),
+        "{err}"
+    );
     let _ = fs::remove_dir_all(dir);
 }
 

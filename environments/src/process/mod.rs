@@ -193,7 +193,10 @@ impl EnvironmentPlugin for ProcessSpec {
         if !(0.0..=1.0).contains(&self.max_failure_rate) {
             return Err(FieldError::new(
                 "max_failure_rate",
-                format!("{} is outside [0, 1] (1 turns the bound off)", self.max_failure_rate),
+                format!(
+                    "{} is outside [0, 1] (1 turns the bound off)",
+                    self.max_failure_rate
+                ),
             ));
         }
         check::count("failure_window", self.failure_window, 1, 1_000_000)

@@ -17,8 +17,8 @@
 use super::child::{Child, Failure, Limits, PROTOCOL, ProcessError};
 use super::reply::Describe;
 use serde_json::{Map, Value};
-use std::path::PathBuf;
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 

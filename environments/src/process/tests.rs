@@ -397,7 +397,10 @@ fn a_child_crashing_at_every_third_step_is_stopped_by_its_failure_rate() {
     assert!(t0.elapsed().as_secs() < 30, "{:?}", t0.elapsed());
     let h = env.health().expect("counted");
     assert_eq!((h.failed_calls, h.timeouts), (7, 0));
-    assert_eq!(h.restarts, 6, "each crash but the last was followed by a new child");
+    assert_eq!(
+        h.restarts, 6,
+        "each crash but the last was followed by a new child"
+    );
     assert!(h.failed_episodes >= 7, "{h:?}");
     // With the rate bound off the same child runs on (the old behaviour, now a choice).
     let env = ProcessSpec {
@@ -457,5 +460,8 @@ fn one_reply_past_its_timeout_is_counted_and_the_run_goes_on() {
     assert_eq!((played, ended), (10, 1));
     assert_eq!(env.fault(), None);
     let h = env.health().expect("counted");
-    assert_eq!((h.failed_calls, h.timeouts, h.restarts, h.failed_episodes), (1, 1, 1, 1));
+    assert_eq!(
+        (h.failed_calls, h.timeouts, h.restarts, h.failed_episodes),
+        (1, 1, 1, 1)
+    );
 }
