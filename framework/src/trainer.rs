@@ -103,19 +103,11 @@ impl From<PlacementError> for TrainError {
 /// Before the step-0 checkpoint (the warm starts and their evaluation) there is nothing to
 /// resume from; a resumed run, and every later step, has a checkpoint.
 fn env_ok(env: &dyn crate::Environment, step: usize) -> Result<(), TrainError> {
-    env_ok_with(env, step, step > 0)
-}
-
-fn env_ok_with(
-    env: &dyn crate::Environment,
-    step: usize,
-    checkpointed: bool,
-) -> Result<(), TrainError> {
     match env.fault() {
         Some(message) => Err(TrainError::Environment {
             step,
             message,
-            checkpointed,
+            checkpointed: step > 0,
         }),
         None => Ok(()),
     }

@@ -413,13 +413,20 @@ fn a_child_crashing_at_every_third_step_is_stopped_by_its_failure_rate() {
     assert_eq!((played, env.fault()), (12, None));
 }
 
+/// A marker file path for the `once`/`sleeponce` modes of broken.py, not there yet: the
+/// path and its text.
+fn fresh_marker(tag: &str) -> (std::path::PathBuf, String) {
+    let marker = std::env::temp_dir().join(format!("rlany-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_file(&marker);
+    let text = marker.to_string_lossy().into_owned();
+    (marker, text)
+}
+
 /// One crash in a run: the episode it ended is counted, the child is restarted, nothing
 /// stops, and the later episodes are solved.
 #[test]
 fn a_child_that_fails_once_is_counted_and_the_run_goes_on() {
-    let marker = std::env::temp_dir().join(format!("rlany-once-{}", std::process::id()));
-    let _ = std::fs::remove_file(&marker);
-    let marker_s = marker.to_string_lossy().into_owned();
+    let (marker, marker_s) = fresh_marker("once");
     let env = ProcessSpec {
         children: 1,
         ..broken_with(&["once", &marker_s], 10.0, 3)
@@ -446,9 +453,7 @@ fn a_child_that_fails_once_is_counted_and_the_run_goes_on() {
 /// goes on.
 #[test]
 fn one_reply_past_its_timeout_is_counted_and_the_run_goes_on() {
-    let marker = std::env::temp_dir().join(format!("rlany-sleeponce-{}", std::process::id()));
-    let _ = std::fs::remove_file(&marker);
-    let marker_s = marker.to_string_lossy().into_owned();
+    let (marker, marker_s) = fresh_marker("sleeponce");
     let env = ProcessSpec {
         children: 1,
         ..broken_with(&["sleeponce", &marker_s, "5"], 1.0, 3)

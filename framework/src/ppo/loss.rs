@@ -146,23 +146,29 @@ mod tests {
         }
     }
 
-    #[test]
-    fn clipped_surrogate_hand_computed() {
-        // Token 0: ratio 1.5, A = +1 → clipped to 1.2 (surrogate 1.2).
-        // Token 1: ratio 0.5, A = +1 → min(0.5, 0.8) = 0.5, not clipped.
-        // Token 2: ratio 0.5, A = −2 → min(−1.0, −1.6) = −1.6, clipped.
-        // Token 3: weight 0 (ignored).
+    /// The hand-computed minibatch: the loss of `new` (the model's log-probs, in any dtype)
+    /// against zero old log-probs, K3 KL to them at coefficient 0, clip 0.2.
+    /// Token 0: ratio 1.5, A = +1 → clipped to 1.2 (surrogate 1.2).
+    /// Token 1: ratio 0.5, A = +1 → min(0.5, 0.8) = 0.5, not clipped.
+    /// Token 2: ratio 0.5, A = −2 → min(−1.0, −1.6) = −1.6, clipped.
+    /// Token 3: weight 0 (ignored).
+    /// Loss −(0.25·1.2 + 0.25·0.5 + 0.5·(−1.6)) = −(0.3 + 0.125 − 0.8) = 0.375; clipfrac 0.75.
+    fn hand_computed(new: impl FnOnce(Tensor<B, 2>) -> Tensor<B, 2>) -> PpoLoss<B> {
         let old = t(&[0.0, 0.0, 0.0, 0.0]);
-        let new = t(&[1.5f32.ln(), 0.5f32.ln(), 0.5f32.ln(), 3.0]);
+        let new = new(t(&[1.5f32.ln(), 0.5f32.ln(), 0.5f32.ln(), 3.0]));
         let adv = t(&[1.0, 1.0, -2.0, 5.0]);
         let w = t(&[0.25, 0.25, 0.5, 0.0]);
         let kl = KlTerm::Sampled {
             target_lp: old.clone(),
             estimator: SampledKl::K3,
         };
-        let out = ppo_loss(new, old, kl, adv, w, 0.2, 0.0);
+        ppo_loss(new, old, kl, adv, w, 0.2, 0.0)
+    }
+
+    #[test]
+    fn clipped_surrogate_hand_computed() {
+        let out = hand_computed(|new| new);
         let loss = out.loss.into_scalar();
-        // −(0.25·1.2 + 0.25·0.5 + 0.5·(−1.6)) = −(0.3 + 0.125 − 0.8) = 0.375
         assert!((loss - 0.375).abs() < 1e-5, "{loss}");
         let cf = out.clipfrac.into_scalar();
         assert!((cf - 0.75).abs() < 1e-6, "{cf}");
@@ -171,17 +177,12 @@ mod tests {
     #[test]
     fn log_probs_in_another_dtype_give_the_same_f32_loss() {
         // The model's log-probs in f64 (standing in for a bf16 model's), everything else f32:
-        // the loss is computed in f32 and equals the all-f32 one (0.375, as above).
-        let old = t(&[0.0, 0.0, 0.0, 0.0]);
-        let new = t(&[1.5f32.ln(), 0.5f32.ln(), 0.5f32.ln(), 3.0]).cast(burn::tensor::DType::F64);
-        assert_eq!(new.dtype(), burn::tensor::DType::F64);
-        let adv = t(&[1.0, 1.0, -2.0, 5.0]);
-        let w = t(&[0.25, 0.25, 0.5, 0.0]);
-        let kl = KlTerm::Sampled {
-            target_lp: old.clone(),
-            estimator: SampledKl::K3,
-        };
-        let out = ppo_loss(new, old, kl, adv, w, 0.2, 0.0);
+        // the loss is computed in f32 and equals the all-f32 one (0.375).
+        let out = hand_computed(|new| {
+            let new = new.cast(burn::tensor::DType::F64);
+            assert_eq!(new.dtype(), burn::tensor::DType::F64);
+            new
+        });
         assert_eq!(out.loss.dtype(), burn::tensor::DType::F32);
         let loss = out.loss.into_scalar();
         assert!((loss - 0.375).abs() < 1e-5, "{loss}");
