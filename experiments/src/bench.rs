@@ -26,8 +26,9 @@ pub(crate) struct BenchArgs {
     /// Run the model workloads (R_ rollout and T_ PPO step of kernels/BENCH.md, C_tiny_T).
     #[arg(long)]
     models: bool,
-    /// The exchange of a spread run (`--features distributed`): exact gathers and plain
-    /// all-reduces of gradient-sized buffers between local peers (reports/perf/NOTES.md §10).
+    /// The exchange of a spread run: exact gathers of gradient-sized buffers between local
+    /// peers, or between MPI ranks (with plain all-reduces beside) when started by mpirun
+    /// (reports/perf/NOTES.md §10).
     #[arg(long)]
     exchange: bool,
     /// With --exchange: local peers.

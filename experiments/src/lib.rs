@@ -10,6 +10,8 @@ pub mod device;
 pub mod distributed;
 mod envcmd;
 mod generate;
+#[cfg(feature = "distributed")]
+mod mpi;
 pub mod overrides;
 pub mod plugins;
 pub mod pretrained;

@@ -13,6 +13,7 @@ pub mod checkpoint;
 pub mod env;
 pub mod eval;
 pub mod experiment;
+pub mod host_group;
 pub mod judge;
 pub mod lm;
 pub mod placement;
@@ -33,6 +34,7 @@ pub mod warmstart;
 
 pub use env::{Difficulty, Dim, EnvHealth, Environment, Episode, Split, StepResult};
 pub use experiment::{BackendKind, Experiment, ExperimentError};
+pub use host_group::{HostGroup, HostPeer};
 pub use lm::{
     CausalLm, ChatMarkup, Generation, PromptFormat, SampleParams, Tokenizer, last_token_positions,
     select_positions,

@@ -9,12 +9,12 @@
 //! sharded (task draws, rewards, the proposer, the optimiser step) every peer computes itself
 //! from the same inputs, so the replicas stay equal; [`Placement::agree`] checks that they do.
 //!
-//! The exchange is one primitive, an all-reduce sum ([`Collective`], implemented by the
-//! composition root over burn-collective). A gather is built from it: each peer writes its
-//! results into its own slot of a zero-filled buffer, and the sum hands every peer every slot
-//! unchanged (`x + 0 = x` in floating point, whatever order the collective adds in; only a
-//! `-0.0` arrives as `+0.0`). That costs `P` times a plain all-reduce's volume and buys exact
-//! equality with one process for any number of peers and any reduction order.
+//! The exchange is one primitive, an exact all-gather of bytes ([`Collective`]): every peer
+//! hands in its own rows and gets every peer's rows back, in rank order, bit for bit. Over
+//! several processes it is MPI's `MPI_Allgatherv` (the composition root's `distributed`
+//! build); between peers of one process it goes through host memory ([`HostGroup`]).
+//! Gradients are gathered per shard and summed in shard order by every peer, so any number of
+//! peers gives the sums of one process, whatever order a network would add in.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -60,38 +60,36 @@ pub enum PlacementError {
     },
 }
 
-/// An all-reduce among the peers of a run: the composition root implements it (over
-/// burn-collective); the framework builds every exchange on it.
+/// The exchange among the peers of a run: the composition root implements it (over MPI), or
+/// [`HostGroup`] between threads; the framework builds every exchange on it.
 pub trait Collective: Send + Sync {
     /// Peers in the run, this one included (≥ 1).
     fn peers(&self) -> usize;
     /// This peer's rank, `0..peers()`; peer 0 writes the run's files.
     fn rank(&self) -> usize;
-    /// The element-wise sum of every peer's `values` (each peer passes the same length, in
-    /// the same call order); `what` names the exchange in errors. Must return, or fail,
-    /// within a bounded time.
-    fn all_reduce_sum(&self, values: Vec<f32>, what: &str) -> Result<Vec<f32>, PlacementError>;
+    /// Every peer's `mine`, in rank order (this peer's own among them), exactly; the lengths
+    /// may differ. Every peer makes the same calls in the same order; `what` names the
+    /// exchange in errors. Must return, or fail, within a bounded time.
+    fn all_gather(&self, mine: Vec<u8>, what: &str) -> Result<Vec<Vec<u8>>, PlacementError>;
 }
 
 /// Where this replica's shards are computed: alone (the default), or as one peer of several.
 #[derive(Clone, Default)]
 pub struct Placement(Option<Arc<dyn Collective>>, Arc<Traffic>);
 
-/// What this peer's exchanges cost so far: all-reduce calls, the bytes each call carried
-/// (this peer's input), and the seconds spent in them (waiting for slower peers included);
-/// and the slot width each kind of gather had last time ([`Placement::gather_rows`]).
+/// What this peer's exchanges cost so far: calls, the bytes each call carried (this peer's
+/// input), and the seconds spent in them (waiting for slower peers included).
 #[derive(Debug, Default)]
 struct Traffic {
     calls: AtomicU64,
     bytes: AtomicU64,
     nanos: AtomicU64,
-    widths: std::sync::Mutex<std::collections::HashMap<String, usize>>,
 }
 
 /// A snapshot of a placement's traffic ([`Placement::traffic`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct TrafficTotals {
-    /// All-reduce calls.
+    /// Exchanges.
     pub calls: u64,
     /// Bytes this peer passed in to them.
     pub bytes: u64,
@@ -130,15 +128,15 @@ impl Placement {
         }
     }
 
-    /// One all-reduce, counted in [`Self::traffic`].
-    fn all_reduce(
+    /// One exchange, counted in [`Self::traffic`].
+    fn exchange(
         &self,
         c: &Arc<dyn Collective>,
-        values: Vec<f32>,
+        mine: Vec<u8>,
         what: &str,
-    ) -> Result<Vec<f32>, PlacementError> {
-        let (t, bytes) = (std::time::Instant::now(), 4 * values.len() as u64);
-        let out = c.all_reduce_sum(values, what);
+    ) -> Result<Vec<Vec<u8>>, PlacementError> {
+        let (t, bytes) = (std::time::Instant::now(), mine.len() as u64);
+        let out = c.all_gather(mine, what);
         let traffic = &self.1;
         traffic.calls.fetch_add(1, Ordering::Relaxed);
         traffic.bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -173,81 +171,53 @@ impl Placement {
         share(n, self.peers(), self.rank())
     }
 
-    /// Every peer's `mine`, in rank order (this peer's own among them). Exact but for the
-    /// sign of a zero (see the module's documentation).
-    ///
-    /// One all-reduce carries every peer's length (two 16-bit halves, exact in f32 whatever
-    /// the length) and, in slots of the width this kind of gather (`what`, digits aside) had
-    /// last time, the rows themselves; only when a row is longer than that does a second
-    /// all-reduce carry them at the new width. Every peer sees the same lengths, so every
-    /// peer keeps the same widths and makes the same calls. Over several nodes each
-    /// all-reduce is a session of its own, so the second one is what this saves.
+    /// Every peer's `mine`, in rank order (this peer's own among them), bit for bit: one
+    /// exchange of the values' bytes.
     pub fn gather_rows(&self, mine: Vec<f32>, what: &str) -> Result<Vec<Vec<f32>>, PlacementError> {
         let Some(c) = &self.0 else {
             return Ok(vec![mine]);
         };
-        let (peers, rank) = (self.peers(), self.rank());
-        let kind: String = what.chars().filter(|ch| !ch.is_ascii_digit()).collect();
-        let widths = &self.1.widths;
-        let guess = widths
-            .lock()
-            .ok()
-            .and_then(|w| w.get(&kind).copied())
-            .unwrap_or(0);
-        // [lengths: 2 per peer | rows: `guess` per peer]
-        let mut buf = vec![0.0f32; 2 * peers + peers * guess];
-        buf[2 * rank] = (mine.len() >> 16) as f32;
-        buf[2 * rank + 1] = (mine.len() & 0xffff) as f32;
-        if mine.len() <= guess {
-            let at = 2 * peers + rank * guess;
-            buf[at..at + mine.len()].copy_from_slice(&mine);
-        }
-        let buf = self.all_reduce(c, buf, what)?;
-        let lens: Vec<usize> = buf[..2 * peers]
-            .chunks(2)
-            .map(|h| ((h[0] as usize) << 16) | h[1] as usize)
-            .collect();
-        let width = lens.iter().copied().max().unwrap_or(0);
-        if let Ok(mut w) = widths.lock() {
-            w.insert(kind, width);
-        }
-        let rows_of = |slots: &[f32], stride: usize| -> Vec<Vec<f32>> {
-            lens.iter()
-                .enumerate()
-                .map(|(p, &len)| slots[p * stride..p * stride + len].to_vec())
-                .collect()
-        };
-        if width <= guess {
-            return Ok(rows_of(&buf[2 * peers..], guess));
-        }
-        let mut slots = vec![0.0f32; peers * width];
-        slots[rank * width..rank * width + mine.len()].copy_from_slice(&mine);
-        let slots = self.all_reduce(c, slots, what)?;
-        Ok(rows_of(&slots, width))
+        let bytes: Vec<u8> = mine.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let rows = self.exchange(c, bytes, what)?;
+        rows.iter()
+            .enumerate()
+            .map(|(peer, row)| {
+                if row.len() % 4 != 0 {
+                    return Err(PlacementError::Codec {
+                        peer,
+                        what: what.to_string(),
+                        message: format!("{} bytes are not whole f32 values", row.len()),
+                    });
+                }
+                Ok(row
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect())
+            })
+            .collect()
     }
 
-    /// Every peer's `mine` (any serde value), in rank order: written with MessagePack, two
-    /// bytes per exchanged number, bit for bit.
+    /// Every peer's `mine` (any serde value), in rank order: written with MessagePack and
+    /// exchanged as bytes, bit for bit.
     pub fn gather<T: Serialize + DeserializeOwned>(
         &self,
         mine: T,
         what: &str,
     ) -> Result<Vec<T>, PlacementError> {
-        if self.0.is_none() {
+        let Some(c) = &self.0 else {
             return Ok(vec![mine]);
-        }
+        };
         let codec = |peer: usize, message: String| PlacementError::Codec {
             peer,
             what: what.to_string(),
             message,
         };
         let bytes = rmp_serde::to_vec(&mine).map_err(|e| codec(self.rank(), e.to_string()))?;
-        let rows = self.gather_rows(to_words(&bytes), what)?;
+        let rows = self.exchange(c, bytes, what)?;
         rows.iter()
             .enumerate()
-            .map(|(peer, words)| {
-                let bytes = from_words(words).ok_or_else(|| codec(peer, "bad framing".into()))?;
-                rmp_serde::from_slice(&bytes).map_err(|e| codec(peer, e.to_string()))
+            .map(|(peer, bytes)| {
+                rmp_serde::from_slice(bytes).map_err(|e| codec(peer, e.to_string()))
             })
             .collect()
     }
@@ -265,36 +235,6 @@ impl Placement {
             }),
         }
     }
-}
-
-/// `bytes` as 16-bit words (exact in f32), after two words of byte count.
-fn to_words(bytes: &[u8]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(2 + bytes.len().div_ceil(2));
-    out.push((bytes.len() >> 16) as f32);
-    out.push((bytes.len() & 0xffff) as f32);
-    out.extend(bytes.chunks(2).map(|c| {
-        let hi = c.get(1).copied().unwrap_or(0);
-        f32::from(u16::from_le_bytes([c[0], hi]))
-    }));
-    out
-}
-
-/// The bytes [`to_words`] wrote; `None` when the framing does not hold.
-fn from_words(words: &[f32]) -> Option<Vec<u8>> {
-    let (head, body) = words.split_at_checked(2)?;
-    let n = ((head[0] as usize) << 16) | head[1] as usize;
-    if body.len() != n.div_ceil(2) {
-        return None;
-    }
-    let mut out = Vec::with_capacity(n + 1);
-    for &w in body {
-        if !(0.0..=65535.0).contains(&w) || w.fract() != 0.0 {
-            return None;
-        }
-        out.extend((w as u16).to_le_bytes());
-    }
-    out.truncate(n);
-    Some(out)
 }
 
 /// FNV-1a over the bits of every trainable (gradient-requiring) parameter of `module`, in
@@ -323,7 +263,7 @@ pub fn checksum<B: Backend, M: Module<B>>(module: &M) -> u64 {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use std::sync::{Condvar, Mutex};
+    use crate::host_group::HostGroup;
 
     #[test]
     fn shares_are_contiguous_even_and_cover_the_items() {
@@ -336,117 +276,14 @@ pub(crate) mod tests {
         assert_eq!(all(7, 3), crate::shard::ranges(7, 3));
     }
 
-    #[test]
-    fn words_round_trip_odd_and_even_lengths() {
-        for bytes in [vec![], vec![7u8], vec![0, 255, 128], vec![1, 2, 3, 4]] {
-            let w = to_words(&bytes);
-            assert_eq!(w.len(), 2 + bytes.len().div_ceil(2));
-            assert_eq!(from_words(&w), Some(bytes));
-        }
-        // Two words of byte count (high, low half), then bytes [1, 2] as the word 0x0201.
-        let w = to_words(&[1, 2]);
-        assert_eq!(w, vec![0.0, 2.0, 513.0]);
-        assert_eq!(to_words(&vec![0u8; 300])[..2], [0.0, 300.0]);
-        assert_eq!(from_words(&[0.0, 3.0, 1.0]), None, "too few words");
-        assert_eq!(from_words(&[0.0, 1.0, 70000.0]), None, "not a 16-bit word");
-    }
-
-    /// An in-process all-reduce for `peers` threads: each call waits until every peer has
-    /// added its values, then all read the sum (in rank order, like one process would add).
-    pub(crate) struct Threads {
-        peers: usize,
-        state: Mutex<Round>,
-        ready: Condvar,
-    }
-
-    /// The all-reduce's shared state.
-    struct Round {
-        /// Each peer's values for the round being gathered.
-        parts: Vec<Option<Vec<f32>>>,
-        /// Rounds completed.
-        done: u64,
-        /// The last round's sum, until every peer has read it.
-        sum: Option<Vec<f32>>,
-        /// Peers that have read `sum`.
-        readers: usize,
-    }
-
-    impl Threads {
-        pub(crate) fn new(peers: usize) -> Arc<Self> {
-            Arc::new(Self {
-                peers,
-                state: Mutex::new(Round {
-                    parts: vec![None; peers],
-                    done: 0,
-                    sum: None,
-                    readers: 0,
-                }),
-                ready: Condvar::new(),
-            })
-        }
-    }
-
-    /// One peer's view of [`Threads`].
-    pub(crate) struct ThreadPeer(pub Arc<Threads>, pub usize);
-
-    impl Collective for ThreadPeer {
-        fn peers(&self) -> usize {
-            self.0.peers
-        }
-        fn rank(&self) -> usize {
-            self.1
-        }
-        fn all_reduce_sum(&self, values: Vec<f32>, _: &str) -> Result<Vec<f32>, PlacementError> {
-            let t = &self.0;
-            let mut s = t
-                .state
-                .lock()
-                .map_err(|e| PlacementError::Collective(e.to_string()))?;
-            // Wait for the previous round's readers to finish.
-            while s.sum.is_some() {
-                s = t
-                    .ready
-                    .wait(s)
-                    .map_err(|e| PlacementError::Collective(e.to_string()))?;
-            }
-            s.parts[self.1] = Some(values);
-            if s.parts.iter().all(Option::is_some) {
-                let parts: Vec<Vec<f32>> = s.parts.iter_mut().filter_map(Option::take).collect();
-                let mut sum = vec![0.0f32; parts[0].len()];
-                for p in &parts {
-                    sum.iter_mut().zip(p).for_each(|(a, b)| *a += b);
-                }
-                s.sum = Some(sum);
-                s.readers = 0;
-                s.done += 1;
-                t.ready.notify_all();
-            } else {
-                let round = s.done;
-                while s.done == round {
-                    s = t
-                        .ready
-                        .wait(s)
-                        .map_err(|e| PlacementError::Collective(e.to_string()))?;
-                }
-            }
-            let out = s.sum.clone().unwrap_or_default();
-            s.readers += 1;
-            if s.readers == t.peers {
-                s.sum = None;
-                t.ready.notify_all();
-            }
-            Ok(out)
-        }
-    }
-
-    /// `f(placement)` on `peers` threads joined by [`Threads`]; the results in rank order.
+    /// `f(placement)` on `peers` threads joined by a [`HostGroup`]; the results in rank order.
     pub(crate) fn on_peers<R: Send>(peers: usize, f: impl Fn(Placement) -> R + Sync) -> Vec<R> {
-        let threads = Threads::new(peers);
+        let group = HostGroup::new(peers, std::time::Duration::from_secs(60));
         let f = &f;
         std::thread::scope(|s| {
             let hs: Vec<_> = (0..peers)
                 .map(|r| {
-                    let p = Placement::over(Arc::new(ThreadPeer(threads.clone(), r)));
+                    let p = Placement::over(Arc::new(group.peer(r)));
                     s.spawn(move || f(p))
                 })
                 .collect();
@@ -476,32 +313,19 @@ pub(crate) mod tests {
         }
     }
 
-    /// A gather of a kind seen before costs one all-reduce while its rows fit the last
-    /// width, two when one outgrows it (or the first time); the rows are exact either way.
+    /// Every gather is one exchange, whatever the lengths.
     #[test]
-    fn a_gather_that_fits_the_last_width_is_one_all_reduce() {
+    fn a_gather_is_one_exchange() {
         let out = on_peers(2, |p| {
-            let r = p.rank();
-            let mut calls = Vec::new();
-            // Step numbers in `what` do not make a new kind.
-            for (step, len) in [(1, 3), (2, 3), (3, 2), (4, 5), (5, 5), (6, 0)] {
-                let before = p.traffic().calls;
-                let mine: Vec<f32> = (0..len + r).map(|i| (10 * r + i) as f32).collect();
-                let rows = p
-                    .gather_rows(mine, &format!("rows at step {step}"))
-                    .expect("rows");
-                let want: Vec<Vec<f32>> = (0..2)
-                    .map(|q| (0..len + q).map(|i| (10 * q + i) as f32).collect())
-                    .collect();
-                assert_eq!(rows, want, "step {step}");
-                calls.push(p.traffic().calls - before);
-            }
-            calls
+            let before = p.traffic();
+            p.gather_rows(vec![1.0; 3 + p.rank()], "rows")
+                .expect("rows");
+            p.gather(String::from("x"), "text").expect("text");
+            let after = p.traffic();
+            (after.calls - before.calls, after.bytes - before.bytes)
         });
-        // Widths 4, 4, 3, 6, 6, 1: the first, and the one that outgrows 3, take two calls.
-        for calls in out {
-            assert_eq!(calls, vec![2, 1, 1, 2, 1, 1]);
-        }
+        // 12 and 16 bytes of rows, then MessagePack's two bytes of "x".
+        assert_eq!(out, vec![(2, 14), (2, 18)]);
     }
 
     #[test]
