@@ -177,7 +177,10 @@ impl Placement {
         let Some(c) = &self.0 else {
             return Ok(vec![mine]);
         };
-        let bytes: Vec<u8> = mine.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let mut bytes = Vec::with_capacity(4 * mine.len());
+        for x in &mine {
+            bytes.extend_from_slice(&x.to_le_bytes());
+        }
         let rows = self.exchange(c, bytes, what)?;
         rows.iter()
             .enumerate()

@@ -994,7 +994,7 @@ where
         m.set("compute/judged_steps", c.judged_steps as f64);
     }
 
-    /// A spread run's exchanges so far (`perf/exchange_*`: all-reduce calls, MB this peer
+    /// A spread run's exchanges so far (`perf/exchange_*`: exchanges, MB this peer
     /// passed in, seconds spent in them), cumulative like the `compute/*` metrics.
     fn set_exchange(&self, m: &mut Metrics) {
         let p = &self.opts.placement;
