@@ -60,7 +60,7 @@ pub enum BackendKind {
     /// The CPU backend (always compiled in).
     #[default]
     NdArray,
-    /// Burn's newer CPU backend (always compiled in): strided matrix products through the
+    /// Burn's newer CPU backend (needs the `flex` cargo feature): strided matrix products through the
     /// `gemm` crate, zero-copy views, SIMD element-wise ops, rayon for large tensors.
     Flex,
     /// WGPU (Vulkan/Metal/DX12); needs the `wgpu` cargo feature.

@@ -110,6 +110,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 /// How the GP proposer picks among candidates that move the right way.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub enum Acquisition {
     /// The candidate whose predicted accuracy is nearest the target.
     Nearest,
@@ -1712,6 +1713,17 @@ mod tests {
 
     fn gp_config() -> GpSpec {
         GpSpec::default()
+    }
+
+    /// A misspelt field of an acquisition is refused, as everywhere else in a file.
+    #[test]
+    fn an_acquisition_refuses_unknown_fields() {
+        let ucb: Acquisition =
+            serde_json::from_str(r#"{"Ucb": {"beta": 5.0}}"#).expect("a valid Ucb");
+        assert_eq!(ucb, Acquisition::Ucb { beta: 5.0 });
+        let err =
+            serde_json::from_str::<Acquisition>(r#"{"Ucb": {"betta": 5.0}}"#).expect_err("a typo");
+        assert!(err.to_string().contains("betta"), "{err}");
     }
 
     #[test]
