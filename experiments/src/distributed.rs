@@ -334,13 +334,16 @@ pub struct ExchangeBench {
 /// One measured exchange: (label, values, buffer bytes per peer, [median, p99] ms or why not).
 type ExchangeRow = (String, usize, usize, Result<[f64; 2], String>);
 
+/// A peer's measured rows, and its open descriptors after its first exchange and after its
+/// last.
+type Measured = (Vec<ExchangeRow>, [Option<usize>; 2]);
+
 /// `rlany bench --exchange`: for each size, the median time of the exact gather a spread run
 /// uses (each peer's values in its own slot) and, between MPI ranks, of a plain all-reduce of
 /// the same values; between the ranks of the MPI job that started it, else between local
 /// peers. Prints a table (and writes JSON), with this process's open descriptors before and
 /// after.
 pub fn bench_exchange(b: &ExchangeBench) -> Result<()> {
-    let fds = open_descriptors();
     let (rows, peers, how) = match launched_ranks().filter(|&(n, _)| n > 1) {
         Some((_, launcher)) => ranks_bench(b, launcher)?,
         None => {
@@ -353,7 +356,7 @@ pub fn bench_exchange(b: &ExchangeBench) -> Result<()> {
                 .into());
             }
             let group = HostGroup::new(b.peers, Duration::from_secs(600));
-            let mut all: Vec<Result<Vec<ExchangeRow>>> = std::thread::scope(|s| {
+            let mut all: Vec<Result<Measured>> = std::thread::scope(|s| {
                 let hs: Vec<_> = (0..b.peers)
                     .map(|rank| {
                         let p = Placement::over(Arc::new(group.peer(rank)));
@@ -374,10 +377,9 @@ pub fn bench_exchange(b: &ExchangeBench) -> Result<()> {
             )
         }
     };
-    let Some(rows) = rows else {
+    let Some((rows, [fds, fds_after])) = rows else {
         return Ok(());
     };
-    let fds_after = open_descriptors();
     println!(
         "| exchange ({peers} {how}) | values | buffer per peer | median ms | p99 ms | GB/s of buffer |"
     );
@@ -405,7 +407,7 @@ pub fn bench_exchange(b: &ExchangeBench) -> Result<()> {
         }));
     }
     println!(
-        "open descriptors of this process: {} before, {} after {} exchanges of each kind",
+        "open descriptors of this process: {} after the first exchange, {} after {} of each kind",
         fds.map_or("?".into(), |n| n.to_string()),
         fds_after.map_or("?".into(), |n| n.to_string()),
         b.reps.max(1) + 1
@@ -413,7 +415,7 @@ pub fn bench_exchange(b: &ExchangeBench) -> Result<()> {
     if let Some(path) = &b.json {
         let text = serde_json::to_string_pretty(&serde_json::json!({
             "exchange": json, "how": how,
-            "open_descriptors": { "before": fds, "after": fds_after },
+            "open_descriptors": { "after_first": fds, "at_end": fds_after },
         }))?;
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
     }
@@ -422,10 +424,7 @@ pub fn bench_exchange(b: &ExchangeBench) -> Result<()> {
 
 /// The bench between the ranks of an MPI job: rank 0's rows (`None` on the other ranks).
 #[cfg(feature = "distributed")]
-fn ranks_bench(
-    b: &ExchangeBench,
-    launcher: &str,
-) -> Result<(Option<Vec<ExchangeRow>>, usize, String)> {
+fn ranks_bench(b: &ExchangeBench, launcher: &str) -> Result<(Option<Measured>, usize, String)> {
     let job = Arc::new(
         crate::mpi::MpiJob::start(Duration::from_secs(600))
             .map_err(|e| anyhow::anyhow!("starting MPI under {launcher}: {e}"))?,
@@ -441,10 +440,7 @@ fn ranks_bench(
 }
 
 #[cfg(not(feature = "distributed"))]
-fn ranks_bench(
-    _: &ExchangeBench,
-    launcher: &str,
-) -> Result<(Option<Vec<ExchangeRow>>, usize, String)> {
+fn ranks_bench(_: &ExchangeBench, launcher: &str) -> Result<(Option<Measured>, usize, String)> {
     Err(UsageError(format!(
         "rlany bench --exchange was started by {launcher}, but this build has no MPI: build \
          with --features distributed"
@@ -457,7 +453,7 @@ fn measure(
     b: &ExchangeBench,
     p: &Placement,
     sum: Option<&dyn Fn(Vec<f32>) -> Result<()>>,
-) -> Result<Vec<ExchangeRow>> {
+) -> Result<Measured> {
     let rank = p.rank();
     let percentiles = |mut ms: Vec<f64>| {
         ms.sort_by(f64::total_cmp);
@@ -465,6 +461,7 @@ fn measure(
         [at(0.5), at(0.99)]
     };
     let mut rows = Vec::new();
+    let mut fds = None;
     for &n in &b.sizes {
         let mut kinds = vec![("exact gather", 4 * n * p.peers())];
         if sum.is_some() {
@@ -489,6 +486,9 @@ fn measure(
                         p.gather_rows(values, "bench")?;
                     }
                 }
+                if fds.is_none() {
+                    fds = Some(open_descriptors());
+                }
                 // The first is a warm-up.
                 if rep > 0 {
                     ms.push(t.elapsed().as_secs_f64() * 1e3);
@@ -497,7 +497,7 @@ fn measure(
             rows.push((label.to_string(), n, buffer, Ok(percentiles(ms))));
         }
     }
-    Ok(rows)
+    Ok((rows, [fds.flatten(), open_descriptors()]))
 }
 
 /// This process's open file descriptors (Linux), for the stress run's "flat" check.
