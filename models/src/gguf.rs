@@ -691,23 +691,14 @@ fn unpermute_rows(t: HostTensor, heads: usize, head_dim: usize) -> HostTensor {
     }
 }
 
-/// IEEE half to f32 (exact: every half is an f32).
+/// IEEE half to f32 (exact: every half is an f32), by the `half` crate.
 fn f16_to_f32(bits: u16) -> f32 {
-    let sign = u32::from(bits >> 15) << 31;
-    let exp = u32::from((bits >> 10) & 0x1f);
-    let man = u32::from(bits & 0x3ff);
-    let magnitude = match (exp, man) {
-        (0, 0) => 0,
-        // Subnormal: man · 2^-24, exact in f32.
-        (0, m) => {
-            let v = m as f32 * 2f32.powi(-24);
-            return if sign == 0 { v } else { -v };
-        }
-        (0x1f, 0) => 0xff << 23,
-        (0x1f, m) => (0xff << 23) | (m << 13),
-        (e, m) => ((e + 127 - 15) << 23) | (m << 13),
-    };
-    f32::from_bits(sign | magnitude)
+    half::f16::from_bits(bits).to_f32()
+}
+
+/// bfloat16 to f32 (exact), by the `half` crate.
+fn bf16_to_f32(bits: u16) -> f32 {
+    half::bf16::from_bits(bits).to_f32()
 }
 
 fn half_at(raw: &[u8], at: usize) -> f32 {
@@ -727,7 +718,7 @@ fn dequantize(ty: GgmlType, raw: &[u8]) -> Vec<f32> {
             .collect(),
         GgmlType::Bf16 => raw
             .chunks_exact(2)
-            .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
+            .map(|b| bf16_to_f32(u16::from_le_bytes([b[0], b[1]])))
             .collect(),
         GgmlType::Q4_0 | GgmlType::Q4_1 => {
             let (stride, qs_at) = if ty == GgmlType::Q4_0 {
@@ -782,6 +773,9 @@ pub(crate) mod tests {
         assert!(f16_to_f32(0x8000).is_sign_negative());
         assert_eq!(f16_to_f32(0x7c00), f32::INFINITY);
         assert!(f16_to_f32(0x7e00).is_nan());
+        // bfloat16 is the top half of an f32: 0x3f80 is 1.0, 0xc040 is -3.0.
+        assert_eq!(bf16_to_f32(0x3f80), 1.0);
+        assert_eq!(bf16_to_f32(0xc040), -3.0);
     }
 
     #[test]
