@@ -614,7 +614,9 @@ fn a_placement_that_cannot_run_is_refused() {
     let dir = scratch("placement-usage");
     let runs = dir.join("runs");
     let q = "experiments/quickstart.ron";
-    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str)> = [
+    // (arguments, environment, what the refusal says)
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = [
         (vec!["run", q, "--peers", "2"], vec![], "--set shards=2"),
         (
             vec!["run", q, "--peers", "2", "--devices", "ndarray"],
@@ -658,6 +660,7 @@ fn the_exchange_bench_times_the_exchanges() {
     ];
     let mut local = Command::new(env!("CARGO_BIN_EXE_rlany"));
     local.args(args).arg(&json);
+    #[cfg_attr(not(feature = "distributed"), allow(unused_mut))]
     let mut runs: Vec<(Command, usize)> = vec![(local, 1)];
     #[cfg(feature = "distributed")]
     {

@@ -1633,8 +1633,10 @@ mod tests {
             ids.extend(tail);
         }
         let positions = vec![23usize, 3, 20, 47, 19, 48, 21, 71, 30, 55];
-        let mut spec = LoraSpec::default();
-        spec.target_modules = vec!["all-linear".into()];
+        let spec = LoraSpec {
+            target_modules: vec!["all-linear".into()],
+            ..Default::default()
+        };
         let base = seeded::<A>(&tiny().with_qkv_bias(true), 5);
         for model in [base.clone(), base.with_lora(&spec, &mut Rng::new(2))] {
             let tokens =
