@@ -937,8 +937,8 @@ impl ArithEpisode {
 
 /// What a pretrained chat model is told before the chain (see [`Episode::instructions`]).
 /// The worked example teaches the form (without one, SmolLM2-135M answers `A + 1`); the
-/// last sentence is there because it otherwise copies the example's `A: 44` (README,
-/// "Pretrained models", has the phrasings measured).
+/// last sentence is there because it otherwise copies the example's `A: 44`
+/// (docs/pretrained.md has the phrasings measured).
 const INSTRUCTIONS: &str = "Evaluate the chain of additions and subtractions below strictly \
 from left to right, one operation per reply. Each reply is one line `<running> <op> <operand> = <result>`. \
 After each line I answer `>` followed by the next operation to do, or `>A` when none is left; then reply \
