@@ -168,6 +168,8 @@ fn parse_value(text: &str) -> Result<Value, String> {
         let payload = ron::from_str::<Value>(&text[open..]).map_err(|e| e.to_string())?;
         let payload = match payload {
             Value::Array(mut a) if a.len() == 1 => a.remove(0),
+            // `Variant()`: every field at its default.
+            Value::Null => Value::Object(serde_json::Map::new()),
             other => other,
         };
         let mut map = serde_json::Map::new();
@@ -310,6 +312,11 @@ Experiment(
         }
         let e = set(&["judge=None"]).expect("unit variant");
         assert!(e.judge.model().is_none());
+        // Empty parentheses: the variant with every field at its default.
+        let e = set(&["adaptation=Gp()"]).expect("a default Gp");
+        assert!(matches!(e.adaptation, crate::AdaptationSpec::Gp(_)), "{:?}", e.adaptation);
+        let e = set(&["judge=Learned()"]).expect("a default learned judge");
+        assert!(e.judge.model().is_some());
     }
 
     #[test]
