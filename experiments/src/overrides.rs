@@ -314,7 +314,11 @@ Experiment(
         assert!(e.judge.model().is_none());
         // Empty parentheses: the variant with every field at its default.
         let e = set(&["adaptation=Gp()"]).expect("a default Gp");
-        assert!(matches!(e.adaptation, crate::AdaptationSpec::Gp(_)), "{:?}", e.adaptation);
+        assert!(
+            matches!(e.adaptation, crate::AdaptationSpec::Gp(_)),
+            "{:?}",
+            e.adaptation
+        );
         let e = set(&["judge=Learned()"]).expect("a default learned judge");
         assert!(e.judge.model().is_some());
     }
