@@ -245,18 +245,17 @@ mod ranks {
     use super::*;
     use crate::mpi::MpiJob;
 
-    /// What must be equal on every rank of a job: the resolved experiment, the seeds and the
-    /// options that decide what is trained (a SHA-256, hex).
-    fn launch_digest(exp: &crate::Experiment, seeds: &[u64], o: &TrainOptions) -> Result<String> {
+    /// What must be equal on every rank of a job: the resolved experiment (its `resolved.ron`
+    /// text), the seeds and the options that decide what is trained (a SHA-256, hex).
+    fn launch_digest(exp: &crate::Experiment, seeds: &[u64], o: &TrainOptions) -> String {
         use sha2::{Digest, Sha256};
-        let text = ron::to_string(exp).context("writing the experiment for its digest")?;
         let mut h = Sha256::new();
-        h.update(text.as_bytes());
+        h.update(exp.to_ron().as_bytes());
         h.update(format!(
             "seeds {seeds:?} resume {} checkpoint {:?} stop_after {:?}",
             o.resume, o.checkpoint, o.stop_after
         ));
-        Ok(format!("{:x}", h.finalize()))
+        format!("{:x}", h.finalize())
     }
 
     /// This rank of an MPI job of `n`: checks that every rank was launched alike, then trains
@@ -284,7 +283,7 @@ mod ranks {
         let placement = Placement::over(job.clone());
         // Before anything is written: every rank was launched alike.
         let first = seeds.first().copied().unwrap_or_default();
-        let digest = launch_digest(exp, seeds, &opts(first))?;
+        let digest = launch_digest(exp, seeds, &opts(first));
         let digests = placement.gather(digest, "the launch check")?;
         let differ: Vec<usize> = (0..n).filter(|&r| digests[r] != digests[0]).collect();
         if let Some(&other) = differ.first() {

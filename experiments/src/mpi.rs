@@ -14,9 +14,9 @@
 //! never reached the exchange (still computing, or hung outside MPI) from one it has not
 //! heard from in the 2 s after the deadline (stopped, frozen, gone). Rank 0's deadline comes
 //! first, the others' 4 s later, so the message a user sees is the one that can name the late
-//! rank. A rank that dies is
-//! the launcher's to report (`mpirun` names the rank and ends the job at once); a rank whose
-//! run fails prints its error and aborts the job ([`MpiJob::abort`]).
+//! rank. A rank that dies is the launcher's to report (`mpirun` names the rank and ends the
+//! job at once); a rank whose run fails prints its error and aborts the job
+//! ([`MpiJob::abort`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -39,6 +39,7 @@ const SILENT: Duration = Duration::from_secs(2);
 /// How much later than rank 0 the other ranks give up on an exchange (rank 0 has listened
 /// and spoken by then).
 const GRACE: Duration = Duration::from_secs(4);
+
 /// This process's place in the MPI job, and its exchange.
 pub struct MpiJob {
     /// This rank, `0..size`.
@@ -99,14 +100,20 @@ impl MpiJob {
             .ok_or_else(|| PlacementError::Collective("the MPI thread has stopped".into()))
     }
 
-    /// A plain `MPI_Allreduce` sum of `values` (what `rlany bench --exchange` compares the
-    /// exact gather with).
-    pub fn all_reduce_sum(&self, values: Vec<f32>) -> Result<Vec<f32>, PlacementError> {
+    /// Hands the MPI thread the job `make` builds around a reply channel, and waits for the
+    /// reply.
+    fn ask<T>(&self, make: impl FnOnce(mpsc::Sender<T>) -> Job) -> Result<T, PlacementError> {
         let (reply, answer) = mpsc::channel();
-        self.send(Job::Sum { values, reply })?;
+        self.send(make(reply))?;
         answer
             .recv()
             .map_err(|_| PlacementError::Collective("the MPI thread stopped".into()))
+    }
+
+    /// A plain `MPI_Allreduce` sum of `values` (what `rlany bench --exchange` compares the
+    /// exact gather with).
+    pub fn all_reduce_sum(&self, values: Vec<f32>) -> Result<Vec<f32>, PlacementError> {
+        self.ask(|reply| Job::Sum { values, reply })
     }
 
     /// Ends the whole job (`MPI_Abort` with `code`): the other ranks may be waiting in an
@@ -139,15 +146,11 @@ impl Collective for MpiJob {
     }
 
     fn all_gather(&self, mine: Vec<u8>, what: &str) -> Result<Vec<Vec<u8>>, PlacementError> {
-        let (reply, answer) = mpsc::channel();
-        self.send(Job::Gather {
+        self.ask(|reply| Job::Gather {
             mine,
             what: what.to_string(),
             reply,
-        })?;
-        answer
-            .recv()
-            .map_err(|_| PlacementError::Collective("the MPI thread stopped".into()))
+        })
     }
 }
 
@@ -173,7 +176,6 @@ fn serve(started: &mpsc::Sender<Started>, jobs: mpsc::Receiver<Job>, timeout: Du
         let local = world.split_shared(world.rank());
         let host = mpi::environment::processor_name().unwrap_or_else(|_| "?".into());
         let (rank, size) = (world.rank() as usize, world.size() as usize);
-        let _ = started.send(Ok((rank, size, local.rank() as usize, host.clone())));
         let shared = Arc::new(Shared {
             entered: AtomicU64::new(0),
             current: Mutex::new(None),
@@ -181,17 +183,25 @@ fn serve(started: &mpsc::Sender<Started>, jobs: mpsc::Receiver<Job>, timeout: Du
         });
         let dog = Watchdog {
             shared: shared.clone(),
-            host,
+            host: host.clone(),
             rank,
             size,
             timeout,
             arrived: vec![0; size],
             heard: vec![Instant::now(); size],
         };
-        let watchdog = std::thread::Builder::new()
+        // Without its watchdog an exchange would have no deadline: MPI does not start.
+        let watchdog = match std::thread::Builder::new()
             .name("mpi-watchdog".into())
             .spawn(move || dog.run())
-            .ok();
+        {
+            Ok(w) => w,
+            Err(e) => {
+                let _ = started.send(Err(format!("starting the MPI watchdog thread: {e}")));
+                return;
+            }
+        };
+        let _ = started.send(Ok((rank, size, local.rank() as usize, host)));
         let ex = Exchanges {
             world,
             shared: shared.clone(),
@@ -211,9 +221,7 @@ fn serve(started: &mpsc::Sender<Started>, jobs: mpsc::Receiver<Job>, timeout: Du
             }
         }
         shared.stop.store(true, Ordering::Relaxed);
-        if let Some(w) = watchdog {
-            let _ = w.join();
-        }
+        let _ = watchdog.join();
     }
     drop(universe);
 }

@@ -485,6 +485,22 @@ fn two_ranks_past_step_4(f: &str, runs: &Path, extra: &[&str]) -> (std::process:
     (job, pid)
 }
 
+/// Sends `signal` (`-9`, `-STOP`) to the process `pid` and waits for the MPI job `job` to
+/// end: its exit code, its stderr and the seconds from the signal to its end.
+#[cfg(feature = "distributed")]
+fn signal_and_wait(job: std::process::Child, pid: u32, signal: &str) -> (Option<i32>, String, f64) {
+    let sent = std::time::Instant::now();
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill {signal} {pid}");
+    let out = job.wait_with_output().expect("the job ends");
+    let took = sent.elapsed().as_secs_f64();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status.code(), err, took)
+}
+
 /// A rank killed in the middle of a run ends the job within seconds, the launcher naming the
 /// rank; the last checkpoint resumes in one process to the metrics of a whole run.
 #[cfg(feature = "distributed")]
@@ -494,16 +510,8 @@ fn a_killed_rank_ends_the_job_naming_it_and_the_run_resumes() {
     let (dir, f) = tiny_full_in("placement-killed");
     let runs = dir.join("runs");
     let (job, rank1) = two_ranks_past_step_4(&f, &runs, &[]);
-    let killed = std::time::Instant::now();
-    let status = Command::new("kill")
-        .args(["-9", &rank1.to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
-    let out = job.wait_with_output().expect("the job ends");
-    let took = killed.elapsed().as_secs_f64();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_ne!(out.status.code(), Some(0), "{err}");
+    let (code, err, took) = signal_and_wait(job, rank1, "-9");
+    assert_ne!(code, Some(0), "{err}");
     assert!(
         err.contains("process rank 1") && err.contains("signal 9"),
         "{err}"
@@ -538,16 +546,8 @@ fn a_hung_rank_is_named_at_the_peer_timeout() {
     let _cpu = whole_cpu();
     let (dir, f) = tiny_full_in("placement-hung");
     let (job, rank1) = two_ranks_past_step_4(&f, &dir.join("runs"), &["--peer-timeout", "3"]);
-    let stopped = std::time::Instant::now();
-    let status = Command::new("kill")
-        .args(["-STOP", &rank1.to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
-    let out = job.wait_with_output().expect("the job ends");
-    let took = stopped.elapsed().as_secs_f64();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let (code, err, took) = signal_and_wait(job, rank1, "-STOP");
+    assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("error: rank 0 of 2"), "{err}");
     assert!(
         err.contains("did not complete within 3 s (--peer-timeout)"),
