@@ -5,7 +5,8 @@
 //! previous checkpoint usable.
 //!
 //! A trained model's frozen parameters (those without a gradient: the base under LoRA
-//! adapters) are not written: [`Writer::trainable`] stores them as empty tensors, and
+//! adapters) are not written: [`Writer::trainable`] stores a one-element placeholder for each
+//! (a tensor of no elements cannot be read back on CUDA), and
 //! [`Reader::trainable`] takes them back from the freshly built model the run resumes with,
 //! which loaded them from the same pretrained file.
 
@@ -13,7 +14,7 @@ use crate::rundir::{RunDirError, io, write_atomic};
 use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::Optimizer;
 use burn::prelude::Backend;
-use burn::prelude::Tensor;
+use burn::prelude::{Tensor, TensorData};
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Serialize, de::DeserializeOwned};
@@ -142,7 +143,7 @@ impl Writer {
     }
 
     /// Saves a trained model's trainable parameters as `<name>.mpk`: each frozen parameter
-    /// (no gradient) is written as an empty tensor (see the module docs). A model without
+    /// (no gradient) is written as a one-element placeholder (see the module docs). A model without
     /// frozen parameters is saved whole, exactly as [`Writer::module`] does.
     pub fn trainable<B: AutodiffBackend, M: AutodiffModule<B>>(
         &self,
@@ -362,7 +363,7 @@ pub fn latest(dir: &Path) -> Option<PathBuf> {
     p.join("state.json").exists().then_some(p)
 }
 
-/// Replaces every frozen parameter (no gradient) by an empty tensor of the same rank.
+/// Replaces every frozen parameter (no gradient) by a one-element tensor of the same rank.
 struct EmptyFrozen;
 
 impl<B: AutodiffBackend> ModuleMapper<B> for EmptyFrozen {
@@ -371,7 +372,11 @@ impl<B: AutodiffBackend> ModuleMapper<B> for EmptyFrozen {
             return param;
         }
         let device = param.device();
-        Param::initialized(param.id, Tensor::zeros([0; D], &device))
+        // One element, uploaded: a tensor of no elements cannot be written on CUDA (filling
+        // it launches a kernel of zero blocks, and reading it back a copy kernel of zero
+        // blocks; the driver refuses both with CUDA_ERROR_INVALID_VALUE, seen on an H200).
+        let placeholder = TensorData::new(vec![0.0f32], [1; D]);
+        Param::initialized(param.id, Tensor::from_data(placeholder, &device))
     }
 }
 
@@ -387,7 +392,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for CollectFrozen {
 }
 
 /// Puts collected frozen parameters back, in visiting order. `missing` when the file does
-/// not fit the model: a trainable parameter was written frozen (empty), a frozen one was
+/// not fit the model: a trainable parameter was written frozen (a placeholder), a frozen one was
 /// written whole, or the counts differ.
 struct PutFrozen {
     frozen: VecDeque<Box<dyn Any>>,
@@ -396,7 +401,9 @@ struct PutFrozen {
 
 impl<B: AutodiffBackend> ModuleMapper<B> for PutFrozen {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let written_frozen = param.shape().num_elements() == 0;
+        // A frozen parameter is written as one element (no elements in checkpoints written
+        // before 2026-12-04); no parameter of our models is that small.
+        let written_frozen = param.shape().num_elements() <= 1;
         if param.is_require_grad() {
             self.missing |= written_frozen;
             return param;
@@ -518,6 +525,30 @@ mod tests {
             r.trainable("policy", thawed, &dev),
             Err(CheckpointError::Record { .. })
         ));
+        // Checkpoints written before the one-element placeholder stored no elements at all;
+        // they still resume.
+        struct NoElements;
+        impl ModuleMapper<A> for NoElements {
+            fn map_float<const D: usize>(
+                &mut self,
+                param: Param<Tensor<A, D>>,
+            ) -> Param<Tensor<A, D>> {
+                if param.is_require_grad() {
+                    return param;
+                }
+                let device = param.device();
+                Param::initialized(param.id, Tensor::zeros([0; D], &device))
+            }
+        }
+        let w = Writer::begin(&dir, 2).expect("begin");
+        w.module("policy", &trained.clone().map(&mut NoElements))
+            .expect("module");
+        w.state(&serde_json::json!({ "step": 2 })).expect("state");
+        w.commit(2).expect("commit");
+        let old = Reader::latest(&dir).expect("reader");
+        let back = old.trainable("policy", make(1.0), &dev).expect("load");
+        assert_eq!(sum(back.weight.val().flatten(0, 1)), 64.0 * 64.0);
+        assert_eq!(sum(back.bias.as_ref().expect("bias").val()), 128.0);
         let _ = fs::remove_dir_all(dir);
     }
 
