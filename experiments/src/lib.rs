@@ -23,7 +23,7 @@ use clap::{Parser, Subcommand};
 pub use plugins::{AdaptationSpec, EnvironmentSpec, Experiment};
 use rlany_framework::adapt::{self, Proposer};
 use rlany_framework::checkpoint;
-use rlany_framework::experiment::{ModelSource, ModelSpec};
+use rlany_framework::experiment::{ModelSource, ModelSpec, WeightDType};
 use rlany_framework::plugin::{AdaptationChoice, EnvironmentChoice, ProposerContext};
 use rlany_framework::{
     BackendKind, Components, Environment, ExperimentError, Rng, RunSummary, Tokenizer,
@@ -595,8 +595,22 @@ fn build_model<B: rlany_kernels::AttentionOps>(
             if !path.exists() {
                 return Err(UsageError(pretrained::missing_model_hint(path)).into());
             }
-            let loaded = rlany_models::load_pretrained::<B>(path, Some(p.max_seq_len), device)
-                .with_context(|| format!("loading {}", path.display()))?;
+            let mut loaded =
+                rlany_models::load_pretrained::<B>(path, Some(p.max_seq_len), device)
+                    .with_context(|| format!("loading {}", path.display()))?;
+            if p.dtype == WeightDType::Bf16 {
+                use burn::tensor::{DType, FloatDType};
+                if !B::supports_dtype(device, DType::BF16) {
+                    return Err(UsageError(format!(
+                        "{}: `dtype: Bf16` needs a backend with bf16 tensors (CUDA); {} has none \
+                         (leave `dtype` out for f32)",
+                        path.display(),
+                        B::name(device)
+                    ))
+                    .into());
+                }
+                loaded.model = loaded.model.with_dtype(FloatDType::BF16);
+            }
             if let Some(t) = &loaded.unrecognised_template {
                 eprintln!(
                     "warning: {}: its chat template is not ChatML; episodes are laid out as plain \
@@ -662,7 +676,9 @@ fn run_seed<B: rlany_kernels::AutodiffLogProbOps>(
     // (loaded once, at the longer of the two contexts; Burn's tensors are reference-counted,
     // and a weight that one of them trains is replaced, never written in place).
     let shared = match (&exp.policy.model, exp.judge.model().map(|j| &j.model)) {
-        (ModelSource::Pretrained(p), Some(ModelSource::Pretrained(j))) if p.path == j.path => {
+        (ModelSource::Pretrained(p), Some(ModelSource::Pretrained(j)))
+            if p.path == j.path && p.dtype == j.dtype =>
+        {
             Some((p.max_seq_len, j.max_seq_len))
         }
         _ => None,

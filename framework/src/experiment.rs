@@ -198,6 +198,28 @@ pub struct PretrainedSpec {
     /// stay valid.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<LoraSpec>,
+    /// The dtype the pretrained weights are held and computed in. LoRA adapters stay f32
+    /// (their products are cast to the activations' dtype), attention scores, softmax and
+    /// the PPO loss are f32 whatever this says. Left out of the resolved file when `F32`, so
+    /// warm-start cache keys made before it stay valid.
+    #[serde(default, skip_serializing_if = "WeightDType::is_f32")]
+    pub dtype: WeightDType,
+}
+
+/// The dtype of a pretrained model's weights and activations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WeightDType {
+    /// 32-bit floats (every backend).
+    #[default]
+    F32,
+    /// bfloat16 (CUDA; not NdArray, Flex or WGPU, which say so at start-up).
+    Bf16,
+}
+
+impl WeightDType {
+    fn is_f32(&self) -> bool {
+        *self == WeightDType::F32
+    }
 }
 
 fn default_pretrained_context() -> usize {

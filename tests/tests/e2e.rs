@@ -701,6 +701,27 @@ fn a_missing_pretrained_model_fails_check_and_run_with_the_fetch_command() {
     let _ = fs::remove_dir_all(dir);
 }
 
+/// `dtype: Bf16` on a backend without bf16 tensors (the CPU's) is refused at start-up, exit
+/// 2 (a usage error, whose message names the dtype and CUDA), before any metrics are
+/// written; skipped when the model has not been fetched.
+#[test]
+fn bf16_weights_on_a_cpu_backend_are_refused_with_the_reason() {
+    let Some(model) = smollm2() else { return };
+    let mut exp = shipped_pretrained("pretrained/smollm2_arith.ron", &model);
+    exp.judge = rlany_framework::experiment::JudgeSpec::None;
+    if let rlany_framework::experiment::ModelSource::Pretrained(p) = &mut exp.policy.model {
+        p.dtype = rlany_framework::experiment::WeightDType::Bf16;
+    }
+    assert!(exp.to_ron().contains("dtype: Bf16"), "{}", exp.to_ron());
+    let dir = scratch("bf16-cpu");
+    let f = write(&dir, "p.ron", &exp.to_ron());
+    let runs = dir.join("runs").to_string_lossy().into_owned();
+    assert_eq!(rlany(&["check", "-q", &f]), 0, "the file itself is valid");
+    assert_eq!(rlany(&["run", &f, "--runs-dir", &runs, "--no-progress"]), 2);
+    assert!(!dir.join("runs").join(&exp.name).join("seed-1/metrics.jsonl").exists());
+    let _ = fs::remove_dir_all(dir);
+}
+
 /// Options that resume the run in `run` from its latest checkpoint, quietly, with no cache.
 fn resume_options(run: &Path) -> rlany_framework::TrainOptions {
     rlany_framework::TrainOptions {
