@@ -1,8 +1,11 @@
-//! The replies of protocol 1, read and checked: a reply with a missing field, a field of the
-//! wrong type, or a value out of range is an error naming the field (the host treats it as
-//! garbage: the child is killed and replaced).
+//! The replies of protocol 1, read into typed structs and checked: a reply with a missing
+//! field, a field of the wrong type, a field the protocol does not have (a typo such as
+//! `lable`), or a value out of range is an error naming the field (the host treats it as
+//! garbage: the child is killed and replaced, and the error names the child's command).
 
 use rlany_framework::Dim;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 /// The most difficulty dimensions a child may describe.
@@ -14,52 +17,54 @@ pub const MAX_DEMO_STEPS: usize = 1024;
 
 type Reply = Map<String, Value>;
 
-fn string(r: &Reply, field: &str) -> Result<Option<String>, String> {
-    match r.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(other) => Err(format!("`{field}` must be a string, got {other}")),
-    }
+/// `r` as the wire struct `T`; an error names the field that failed (`dims[0].lo`) and
+/// says what serde expected, or names the unknown field.
+fn wire<T: DeserializeOwned>(r: &Reply) -> Result<T, String> {
+    serde_path_to_error::deserialize(Value::Object(r.clone())).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." {
+            inner.to_string()
+        } else {
+            format!("`{path}`: {inner}")
+        }
+    })
 }
 
-fn required_string(r: &Reply, field: &str) -> Result<String, String> {
-    string(r, field)?.ok_or_else(|| format!("`{field}` (a string) is missing"))
-}
-
-fn boolean(r: &Reply, field: &str, default: Option<bool>) -> Result<bool, String> {
-    match (r.get(field), default) {
-        (Some(Value::Bool(b)), _) => Ok(*b),
-        (None | Some(Value::Null), Some(d)) => Ok(d),
-        (None | Some(Value::Null), None) => Err(format!("`{field}` (true or false) is missing")),
-        (Some(other), _) => Err(format!("`{field}` must be true or false, got {other}")),
-    }
-}
-
-fn number(v: &Value, what: &str) -> Result<f64, String> {
-    v.as_f64()
-        .filter(|x| x.is_finite())
-        .ok_or_else(|| format!("{what} must be a finite number, got {v}"))
-}
-
-fn array<'a>(r: &'a Reply, field: &str) -> Result<&'a [Value], String> {
-    match r.get(field) {
-        None | Some(Value::Null) => Ok(&[]),
-        Some(Value::Array(a)) => Ok(a),
-        Some(other) => Err(format!("`{field}` must be a list, got {other}")),
-    }
-}
-
-/// Indices into the difficulty space (`dims`, `blame`).
-fn indices(r: &Reply, field: &str, dims: usize) -> Result<Vec<usize>, String> {
-    array(r, field)?
-        .iter()
-        .map(|v| {
-            v.as_u64()
-                .map(|i| i as usize)
+/// Indices into the difficulty space (`dims`, `blame`), each below `dims`.
+fn indices(v: Option<Vec<u64>>, field: &str, dims: usize) -> Result<Vec<usize>, String> {
+    v.unwrap_or_default()
+        .into_iter()
+        .map(|i| {
+            usize::try_from(i)
+                .ok()
                 .filter(|&i| i < dims)
-                .ok_or_else(|| format!("`{field}` holds {v}: expected dimension indices 0..{dims}"))
+                .ok_or_else(|| format!("`{field}` holds {i}: expected dimension indices 0..{dims}"))
         })
         .collect()
+}
+
+/// A `hello` reply on the wire (`protocol` is checked before it is read).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HelloWire {
+    /// Checked on the raw reply, before the fields are read.
+    #[serde(rename = "protocol")]
+    _protocol: u64,
+    name: String,
+    #[serde(default)]
+    version: Option<String>,
+    dims: Vec<DimWire>,
+    #[serde(default)]
+    eval_levels: Option<Vec<f64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DimWire {
+    name: String,
+    lo: f64,
+    hi: f64,
 }
 
 /// The `hello` reply: what the environment is.
@@ -78,6 +83,7 @@ pub struct Describe {
 impl Describe {
     /// Reads a `hello` reply.
     pub fn read(r: &Reply) -> Result<Self, String> {
+        // The version first: a child of another version may have other fields.
         match r.get("protocol").and_then(Value::as_u64) {
             Some(super::child::PROTOCOL) => {}
             other => {
@@ -88,91 +94,96 @@ impl Describe {
                 ));
             }
         }
-        let name = required_string(r, "name")?;
-        let dims_v = array(r, "dims")?;
-        if dims_v.is_empty() || dims_v.len() > MAX_DIMS {
+        let w: HelloWire = wire(r)?;
+        if w.dims.is_empty() || w.dims.len() > MAX_DIMS {
             return Err(format!(
                 "`dims` must list 1 to {MAX_DIMS} dimensions, got {}",
-                dims_v.len()
+                w.dims.len()
             ));
         }
-        let mut dims = Vec::new();
-        for (i, d) in dims_v.iter().enumerate() {
-            let obj = d
-                .as_object()
-                .ok_or_else(|| format!("`dims[{i}]` must be an object, got {d}"))?;
-            let dname = required_string(obj, "name").map_err(|e| format!("dims[{i}]: {e}"))?;
-            if dname.is_empty()
-                || dname.len() > 32
-                || !dname
+        for (i, d) in w.dims.iter().enumerate() {
+            if d.name.is_empty()
+                || d.name.len() > 32
+                || !d
+                    .name
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
             {
                 return Err(format!(
-                    "`dims[{i}].name` must be 1–32 letters, digits, `_` or `-`, got {dname:?}"
+                    "`dims[{i}].name` must be 1–32 letters, digits, `_` or `-`, got {:?}",
+                    d.name
                 ));
             }
-            let lo = obj.get("lo").unwrap_or(&Value::Null);
-            let hi = obj.get("hi").unwrap_or(&Value::Null);
-            dims.push(Dim {
-                name: dname,
-                lo: number(lo, &format!("`dims[{i}].lo`"))?,
-                hi: number(hi, &format!("`dims[{i}].hi`"))?,
-            });
         }
-        let levels_v = array(r, "eval_levels")?;
-        let eval_levels = if levels_v.is_empty() {
-            vec![0.0, 0.25, 0.5, 0.75, 1.0]
-        } else {
-            if levels_v.len() > MAX_LEVELS {
+        let eval_levels = match w.eval_levels {
+            None => vec![0.0, 0.25, 0.5, 0.75, 1.0],
+            Some(levels) if levels.is_empty() => vec![0.0, 0.25, 0.5, 0.75, 1.0],
+            Some(levels) if levels.len() > MAX_LEVELS => {
                 return Err(format!("`eval_levels` has more than {MAX_LEVELS} levels"));
             }
-            levels_v
-                .iter()
-                .map(|v| {
-                    number(v, "`eval_levels`").and_then(|x| {
-                        if (0.0..=1.0).contains(&x) {
-                            Ok(x)
-                        } else {
-                            Err(format!("`eval_levels` holds {x}, outside [0, 1]"))
-                        }
-                    })
-                })
-                .collect::<Result<_, _>>()?
+            Some(levels) => {
+                if let Some(x) = levels.iter().find(|x| !(0.0..=1.0).contains(*x)) {
+                    return Err(format!("`eval_levels` holds {x}, outside [0, 1]"));
+                }
+                levels
+            }
         };
         Ok(Self {
-            name,
-            version: string(r, "version")?,
-            dims,
+            name: w.name,
+            version: w.version,
+            dims: w
+                .dims
+                .into_iter()
+                .map(|d| Dim {
+                    name: d.name,
+                    lo: d.lo,
+                    hi: d.hi,
+                })
+                .collect(),
             eval_levels,
         })
     }
 }
 
 /// The `reset` reply.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Reset {
     /// The task text (ends with a newline: the host adds one when it does not).
     pub prompt: String,
     /// What a pretrained chat model is told first.
+    #[serde(default)]
     pub instructions: Option<String>,
     /// The task's identity (defaults to the prompt).
+    #[serde(default)]
     pub key: Option<String>,
 }
 
 impl Reset {
     /// Reads a `reset` reply.
     pub fn read(r: &Reply) -> Result<Self, String> {
-        let mut prompt = required_string(r, "prompt")?;
-        if !prompt.ends_with('\n') {
-            prompt.push('\n');
+        let mut reset: Reset = wire(r)?;
+        if !reset.prompt.ends_with('\n') {
+            reset.prompt.push('\n');
         }
-        Ok(Self {
-            prompt,
-            instructions: string(r, "instructions")?,
-            key: string(r, "key")?,
-        })
+        Ok(reset)
     }
+}
+
+/// A `step` reply on the wire: optional fields may be absent or `null`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StepWire {
+    observation: String,
+    done: bool,
+    #[serde(default)]
+    won: Option<bool>,
+    #[serde(default)]
+    label: Option<bool>,
+    #[serde(default)]
+    dims: Option<Vec<u64>>,
+    #[serde(default)]
+    blame: Option<Vec<u64>>,
 }
 
 /// The `step` reply.
@@ -195,34 +206,32 @@ pub struct Step {
 impl Step {
     /// Reads a `step` reply for an environment of `dims` dimensions.
     pub fn read(r: &Reply, dims: usize) -> Result<Self, String> {
+        let w: StepWire = wire(r)?;
         Ok(Self {
-            observation: required_string(r, "observation")?,
-            done: boolean(r, "done", None)?,
-            won: boolean(r, "won", Some(false))?,
-            label: boolean(r, "label", Some(false))?,
-            dims: indices(r, "dims", dims)?,
-            blame: indices(r, "blame", dims)?,
+            observation: w.observation,
+            done: w.done,
+            won: w.won.unwrap_or(false),
+            label: w.label.unwrap_or(false),
+            dims: indices(w.dims, "dims", dims)?,
+            blame: indices(w.blame, "blame", dims)?,
         })
     }
 }
 
+/// A `demo` reply on the wire.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DemoWire {
+    actions: Vec<String>,
+}
+
 /// The `demo` reply: the expert's actions.
 pub fn demo(r: &Reply) -> Result<Vec<String>, String> {
-    let actions = match r.get("actions") {
-        Some(Value::Array(a)) => a,
-        _ => return Err("`actions` (a list of strings) is missing".into()),
-    };
-    if actions.len() > MAX_DEMO_STEPS {
+    let w: DemoWire = wire(r)?;
+    if w.actions.len() > MAX_DEMO_STEPS {
         return Err(format!("`actions` has more than {MAX_DEMO_STEPS} steps"));
     }
-    actions
-        .iter()
-        .map(|a| {
-            a.as_str()
-                .map(str::to_owned)
-                .ok_or_else(|| format!("`actions` holds {a}, not a string"))
-        })
-        .collect()
+    Ok(w.actions)
 }
 
 #[cfg(test)]
@@ -286,7 +295,40 @@ mod tests {
         assert!(e.contains("`done`"), "{e}");
         let e =
             Step::read(&obj(json!({"observation": 3, "done": true})), 2).expect_err("not a string");
-        assert!(e.contains("`observation` must be a string"), "{e}");
+        assert!(e.contains("`observation`: invalid type"), "{e}");
+    }
+
+    /// A field the protocol does not have — a typo of an optional field above all, which
+    /// would otherwise be read as absent — is an error naming it, in every reply.
+    #[test]
+    fn an_unknown_field_is_refused_by_name() {
+        let hello = json!({"protocol": 1, "name": "n", "dims": [{"name": "a", "lo": 0, "hi": 1}],
+            "eval_level": [0.5]});
+        let step = json!({"observation": "at 3", "done": false, "lable": true});
+        let dim = json!({"protocol": 1, "name": "n", "dims": [{"name": "a", "lo": 0, "hi": 1, "mid": 0.5}]});
+        for (e, field) in [
+            (
+                Describe::read(&obj(hello)).expect_err("eval_level"),
+                "eval_level",
+            ),
+            (Describe::read(&obj(dim)).expect_err("mid"), "mid"),
+            (Step::read(&obj(step), 2).expect_err("lable"), "lable"),
+            (
+                Reset::read(&obj(json!({"prompt": "go", "instruction": "x"}))).expect_err("x"),
+                "instruction",
+            ),
+            (
+                demo(&obj(json!({"actions": [], "action": []}))).expect_err("action"),
+                "action",
+            ),
+        ] {
+            assert!(e.contains(&format!("unknown field `{field}`")), "{e}");
+        }
+        // The error of a nested field names its path.
+        let e = Describe::read(&obj(json!({"protocol": 1, "name": "n",
+            "dims": [{"name": "a", "lo": 0, "hi": 1, "mid": 0.5}]})))
+        .expect_err("mid");
+        assert!(e.starts_with("`dims[0].mid`: unknown field"), "{e}");
     }
 
     #[test]
