@@ -595,9 +595,8 @@ fn build_model<B: rlany_kernels::AttentionOps>(
             if !path.exists() {
                 return Err(UsageError(pretrained::missing_model_hint(path)).into());
             }
-            let mut loaded =
-                rlany_models::load_pretrained::<B>(path, Some(p.max_seq_len), device)
-                    .with_context(|| format!("loading {}", path.display()))?;
+            let mut loaded = rlany_models::load_pretrained::<B>(path, Some(p.max_seq_len), device)
+                .with_context(|| format!("loading {}", path.display()))?;
             if p.dtype == WeightDType::Bf16 {
                 use burn::tensor::{DType, FloatDType};
                 if !B::supports_dtype(device, DType::BF16) {

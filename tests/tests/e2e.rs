@@ -718,7 +718,12 @@ fn bf16_weights_on_a_cpu_backend_are_refused_with_the_reason() {
     let runs = dir.join("runs").to_string_lossy().into_owned();
     assert_eq!(rlany(&["check", "-q", &f]), 0, "the file itself is valid");
     assert_eq!(rlany(&["run", &f, "--runs-dir", &runs, "--no-progress"]), 2);
-    assert!(!dir.join("runs").join(&exp.name).join("seed-1/metrics.jsonl").exists());
+    assert!(
+        !dir.join("runs")
+            .join(&exp.name)
+            .join("seed-1/metrics.jsonl")
+            .exists()
+    );
     let _ = fs::remove_dir_all(dir);
 }
 
