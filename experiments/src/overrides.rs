@@ -75,6 +75,9 @@ pub fn apply_where_present(
     // Leaves a set created (fields the resolved text leaves out at their default, like a
     // process environment's `max_failure_rate`): `(set index, path, leaf key)`.
     let mut created: Vec<(usize, String, String)> = Vec::new();
+    // Paths set to the bare word `None`: a unit variant (`judge=None`) or, where the field is
+    // optional, RON's empty option, read as `null` once the typed read says it is not a variant.
+    let mut nones: Vec<String> = Vec::new();
     for (i, arg) in sets.iter().enumerate() {
         let (path, text) = arg
             .split_once('=')
@@ -84,6 +87,9 @@ pub fn apply_where_present(
             arg: arg.clone(),
             message,
         })?;
+        if text.trim() == "None" {
+            nones.push(path.trim().to_string());
+        }
         match field_mut(&mut tree, path.trim(), true) {
             Ok((slot, new_leaf)) => {
                 *slot = value;
@@ -114,6 +120,14 @@ pub fn apply_where_present(
             Ok(e) => break e,
             Err(e) => {
                 let message = e.to_string();
+                if message.contains("invalid type: string \"None\"") && !nones.is_empty() {
+                    for path in nones.drain(..) {
+                        if let Ok((slot, _)) = field_mut(&mut tree, &path, false) {
+                            *slot = Value::Null;
+                        }
+                    }
+                    continue;
+                }
                 let unknown = created
                     .iter()
                     .position(|(_, _, leaf)| message.contains(&format!("unknown field `{leaf}`")));
@@ -172,6 +186,11 @@ fn parse_value(text: &str) -> Result<Value, String> {
             Value::Null => Value::Object(serde_json::Map::new()),
             other => other,
         };
+        // RON's `Some(x)` of an optional field is `x` itself in the tree (no enum of the
+        // schema has a variant named `Some`).
+        if &text[..open] == "Some" {
+            return Ok(payload);
+        }
         let mut map = serde_json::Map::new();
         map.insert(text[..open].to_string(), payload);
         return Ok(Value::Object(map));
@@ -321,6 +340,38 @@ Experiment(
         );
         let e = set(&["judge=Learned()"]).expect("a default learned judge");
         assert!(e.judge.model().is_some());
+    }
+
+    /// An optional field takes RON's own words: `None` (as well as JSON's `null`) and
+    /// `Some(...)` (or the value alone); `None` still names a unit variant where the field is
+    /// an enum.
+    #[test]
+    fn optional_fields_take_none_and_some() {
+        let lora = |e: &Experiment| match &e.policy.model {
+            rlany_framework::experiment::ModelSource::Pretrained(p) => p.lora.clone(),
+            other => panic!("{other:?}"),
+        };
+        // Nested in a variant's payload, RON's strict form: `Some((…))`.
+        let e = set(&["policy.model=Pretrained(path: \"m.gguf\", lora: Some((r: 4)))"])
+            .expect("Some((..)) inside a variant");
+        assert_eq!(lora(&e).map(|l| l.r), Some(4));
+        let sets = |extra: &str| {
+            vec![
+                "policy.model=Pretrained(path: \"m.gguf\")".to_string(),
+                extra.to_string(),
+            ]
+        };
+        for some in ["policy.model.lora=Some(r: 2)", "policy.model.lora=(r: 2)"] {
+            let e = apply(&exp(), &sets(some)).expect(some);
+            assert_eq!(lora(&e).map(|l| l.r), Some(2), "{some}");
+        }
+        for none in ["policy.model.lora=None", "policy.model.lora=null"] {
+            let with = apply(&exp(), &sets("policy.model.lora=Some(r: 2)")).expect("lora");
+            let e = apply(&with, &[none.to_string()]).expect(none);
+            assert_eq!(lora(&e), None, "{none}");
+        }
+        let e = set(&["judge=None"]).expect("still the unit variant");
+        assert!(e.judge.model().is_none());
     }
 
     #[test]
