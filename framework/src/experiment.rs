@@ -586,6 +586,29 @@ pub struct JudgeModelSpec {
     pub temperature: f64,
     /// AdamW learning rate of the consistency training.
     pub lr: f64,
+    /// What the prompt's history holds (`Actions`: the earlier steps' actions only, so the
+    /// observation a step answered is missing after the first; `Steps`: each earlier action
+    /// with the observation that followed it). Left out of the resolved file when `Actions`,
+    /// so warm-start cache keys made before it stay valid.
+    #[serde(skip_serializing_if = "JudgeHistory::is_default")]
+    pub history: JudgeHistory,
+}
+
+/// What a judge prompt's history `H:` holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JudgeHistory {
+    /// The earlier steps' actions, `a1|a2|…` (every study before 2026-12-04 used it).
+    #[default]
+    Actions,
+    /// Each earlier action with the observation that followed it, `a1>o1|a2>o2|…`: the
+    /// judge sees what the judged step answered.
+    Steps,
+}
+
+impl JudgeHistory {
+    fn is_default(&self) -> bool {
+        *self == JudgeHistory::Actions
+    }
 }
 
 impl Default for JudgeModelSpec {
@@ -598,6 +621,7 @@ impl Default for JudgeModelSpec {
             warm_start: JudgeWarmStart::default(),
             temperature: 0.8,
             lr: 1e-4,
+            history: JudgeHistory::Actions,
         }
     }
 }

@@ -11,8 +11,12 @@
 //! O:<the observation>
 //! V:
 //! ```
+//! An earlier step is its action alone (`history: Actions`, the default) or its action and
+//! the observation that followed it, `action>observation` (`history: Steps`): only the
+//! latter shows the judge what the judged step answered (the observation before it).
 
 use crate::env::{Environment, Split};
+use crate::experiment::JudgeHistory;
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
 use crate::placement::{Placement, PlacementError};
 use crate::reward::Verdict;
@@ -47,11 +51,39 @@ pub fn prompt_text(task: &str, history: &[&str], step: &str, observation: &str) 
     )
 }
 
-/// BOS + the tokens of the prompt of step `i` of `t`, fitted into `max_len − 1` tokens (room
-/// for the verdict) by dropping the oldest history first, then the start of the text.
-pub fn encode_prompt(tok: &dyn Tokenizer, t: &Trajectory, i: usize, max_len: usize) -> Vec<u32> {
+/// The history entries of a prompt: each earlier step's action, or (`Steps`) its action and
+/// the observation that followed it as `action>observation`.
+fn history_entries(earlier: &[crate::rollout::StepSpan], history: JudgeHistory) -> Vec<String> {
+    earlier
+        .iter()
+        .map(|s| match history {
+            JudgeHistory::Actions => s.text.clone(),
+            JudgeHistory::Steps => format!("{}>{}", s.text, s.observation.trim_end()),
+        })
+        .collect()
+}
+
+/// How a judge prompt is laid out: its longest length in tokens and what its history holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PromptLayout {
+    /// The judge's context (the prompt gets `max_len − 1` tokens, room for the verdict).
+    pub max_len: usize,
+    /// What an earlier step shows.
+    pub history: JudgeHistory,
+}
+
+/// BOS + the tokens of the prompt of step `i` of `t`, fitted into `layout.max_len − 1` tokens
+/// (room for the verdict) by dropping the oldest history first, then the start of the text.
+pub fn encode_prompt(
+    tok: &dyn Tokenizer,
+    t: &Trajectory,
+    i: usize,
+    layout: &PromptLayout,
+) -> Vec<u32> {
+    let max_len = layout.max_len;
     let step = &t.steps[i];
-    let history: Vec<&str> = t.steps[..i].iter().map(|s| s.text.as_str()).collect();
+    let history = history_entries(&t.steps[..i], layout.history);
+    let history: Vec<&str> = history.iter().map(String::as_str).collect();
     let budget = max_len.saturating_sub(2).max(1);
     let mut from = 0;
     let mut ids = tok.encode(&prompt_text(
@@ -100,6 +132,7 @@ pub fn parse_verdict(tok: &dyn Tokenizer, token: u32) -> Verdict {
 pub fn judge_steps<B: Backend, M: CausalLm<B>>(
     judge: &M,
     tok: &dyn Tokenizer,
+    history: JudgeHistory,
     trajs: &[Trajectory],
     votes: usize,
     temperature: f64,
@@ -107,13 +140,17 @@ pub fn judge_steps<B: Backend, M: CausalLm<B>>(
     shards: usize,
     placement: &Placement,
 ) -> Result<Vec<JudgedStep>, PlacementError> {
+    let layout = PromptLayout {
+        max_len: judge.max_seq_len(),
+        history,
+    };
     let mut judged: Vec<JudgedStep> = Vec::new();
     for (ti, t) in trajs.iter().enumerate() {
         for si in 0..t.steps.len() {
             judged.push(JudgedStep {
                 traj: ti,
                 step: si,
-                prompt: encode_prompt(tok, t, si, judge.max_seq_len()),
+                prompt: encode_prompt(tok, t, si, &layout),
                 tokens: Vec::with_capacity(votes),
                 verdicts: Vec::with_capacity(votes),
             });
@@ -232,8 +269,8 @@ pub struct LabelSpec {
     pub n: usize,
     /// Probability that a label is flipped.
     pub label_noise: f64,
-    /// The judge's context length (prompts are fitted into it).
-    pub judge_max_len: usize,
+    /// How the prompts are laid out (fitted into the judge's context).
+    pub layout: PromptLayout,
     /// Most policy steps per episode.
     pub max_env_steps: usize,
 }
@@ -252,7 +289,7 @@ pub fn labelled_steps<B: Backend, P: CausalLm<B>>(
     let LabelSpec {
         n,
         label_noise,
-        judge_max_len,
+        layout,
         max_env_steps,
     } = *spec;
     let dims = env.difficulty_space().len();
@@ -274,7 +311,7 @@ pub fn labelled_steps<B: Backend, P: CausalLm<B>>(
             for i in 0..t.steps.len() {
                 if out.len() < n {
                     let label = t.steps[i].oracle ^ rng.bernoulli(label_noise);
-                    out.push((encode_prompt(tok, t, i, judge_max_len), label));
+                    out.push((encode_prompt(tok, t, i, &layout), label));
                 }
             }
         }
@@ -296,7 +333,7 @@ pub fn by_trajectory(judged: &[JudgedStep], trajs: &[Trajectory]) -> Vec<Vec<Vec
 
 /// A balanced, fixed pool of oracle-labelled steps on which every evaluation measures the
 /// judge (the same pool for every row of an ablation: it depends only on the environment,
-/// the seed and the judge's context length, never on a policy). Steps come from the flawed
+/// the seed and the judge's prompt layout, never on a policy). Steps come from the flawed
 /// expert's solutions (slip probability `noise`) of tasks spread over the in-domain eval
 /// grid, replayed through the environment for their observations and oracle labels; half
 /// are labelled correct, half wrong (fewer of one kind only if the environment cannot
@@ -304,7 +341,7 @@ pub fn by_trajectory(judged: &[JudgedStep], trajs: &[Trajectory]) -> Vec<Vec<Vec
 pub fn labelled_pool(
     env: &dyn Environment,
     tok: &dyn Tokenizer,
-    judge_max_len: usize,
+    layout: &PromptLayout,
     n: usize,
     noise: f64,
     seed: u64,
@@ -329,7 +366,7 @@ pub fn labelled_pool(
                 (&mut neg, n - half)
             };
             if bucket.len() < cap {
-                bucket.push((encode_prompt(tok, &t, j, judge_max_len), step.oracle));
+                bucket.push((encode_prompt(tok, &t, j, layout), step.oracle));
             }
         }
     }
@@ -493,6 +530,36 @@ mod tests {
         assert_eq!(
             prompt_text("7+5-3\n", &["7+5=12"], "12-3=9", ""),
             "T:7+5-3\nH:7+5=12\nS:12-3=9\nO:\nV:"
+        );
+    }
+
+    /// With `Steps`, the judge sees the observation each earlier step got, so the one the
+    /// judged step answered (a corridor's sign) is in its prompt; `Actions` leaves it out.
+    #[test]
+    fn the_history_holds_observations_only_with_steps() {
+        let step = |text: &str, observation: &str| crate::rollout::StepSpan {
+            start: 0,
+            end: 0,
+            text: text.into(),
+            oracle: true,
+            observation: observation.into(),
+            dims: Vec::new(),
+            oracle_blame: Vec::new(),
+        };
+        let earlier = [step("L", "9\n"), step("R", "3\n")];
+        assert_eq!(
+            history_entries(&earlier, JudgeHistory::Actions),
+            vec!["L", "R"]
+        );
+        assert_eq!(
+            history_entries(&earlier, JudgeHistory::Steps),
+            vec!["L>9", "R>3"]
+        );
+        let h = history_entries(&earlier, JudgeHistory::Steps);
+        let h: Vec<&str> = h.iter().map(String::as_str).collect();
+        assert_eq!(
+            prompt_text("L if sign<5 else R\n1\n", &h, "L", "7"),
+            "T:L if sign<5 else R\n1\nH:L>9|R>3\nS:L\nO:7\nV:"
         );
     }
 

@@ -311,7 +311,15 @@ impl Settings {
         judge_policy["environment"] = json(&exp.environment);
         let warm_judge_inputs = serde_json::json!({
             "policy": judge_policy,
-            "judge": exp.judge.model().map(|j| (json(&j.model), json(&j.warm_start))),
+            // The prompts' history layout only when it is not the default, so that keys made
+            // before it existed stay valid (a pair serialises as a two-element list).
+            "judge": exp.judge.model().map(|j| {
+                let mut parts = vec![json(&j.model), json(&j.warm_start)];
+                if j.history != crate::experiment::JudgeHistory::Actions {
+                    parts.push(json(&j.history));
+                }
+                parts
+            }),
             "sampling": json(&exp.policy.sampling),
             "max_env_steps": exp.budget.max_env_steps,
         });
@@ -591,7 +599,10 @@ where
         let labels = judge::LabelSpec {
             n: ws.labels,
             label_noise: ws.label_noise,
-            judge_max_len: judge.max_seq_len(),
+            layout: judge::PromptLayout {
+                max_len: judge.max_seq_len(),
+                history: spec.history,
+            },
             max_env_steps: self.cfg.budget.max_env_steps,
         };
         let pool = match ws.source {
@@ -607,7 +618,7 @@ where
             LabelSource::Expert => judge::labelled_pool(
                 self.env,
                 self.tok,
-                labels.judge_max_len,
+                &labels.layout,
                 labels.n,
                 JUDGE_POOL_NOISE,
                 rng.next_u64(),
@@ -768,6 +779,7 @@ where
                 (Some(j), Some(spec), _) => judge::judge_steps(
                     &j.valid(),
                     self.tok,
+                    spec.history,
                     &kept,
                     self.cfg.reward.votes,
                     spec.temperature,
@@ -1052,11 +1064,18 @@ where
             (None, Some(_)) => Some(self.policy.max_seq_len()),
             (None, None) => None,
         };
+        // The history layout of a learned judge's prompts (the synthetic judge reads labels).
+        let history = self
+            .cfg
+            .judge
+            .model()
+            .map(|j| j.history)
+            .unwrap_or_default();
         match max_len {
             Some(max_len) => judge::labelled_pool(
                 self.env,
                 self.tok,
-                max_len,
+                &judge::PromptLayout { max_len, history },
                 JUDGE_POOL.min(self.cfg.budget.eval_tasks),
                 JUDGE_POOL_NOISE,
                 self.seed,
@@ -1141,6 +1160,7 @@ where
             judged_id = judge::judge_steps(
                 &judge,
                 self.tok,
+                spec.history,
                 shown,
                 votes,
                 spec.temperature,
