@@ -1439,6 +1439,7 @@ fn shards_compute_what_one_batch_does() {
         rlany_framework::judge::judge_steps(
             &inner,
             &tok,
+            Default::default(),
             &trajs,
             3,
             1.0,
