@@ -601,7 +601,7 @@ fn build_model<B: rlany_kernels::AttentionOps>(
                 use burn::tensor::{DType, FloatDType};
                 if !B::supports_dtype(device, DType::BF16) {
                     return Err(UsageError(format!(
-                        "{}: `dtype: Bf16` needs a backend with bf16 tensors (CUDA); {} has none \
+                        "{}: `dtype: Bf16` needs a backend with bf16 tensors (CUDA, or Flex on the CPU); {} has none \
                          (leave `dtype` out for f32)",
                         path.display(),
                         B::name(device)

@@ -199,8 +199,8 @@ pub struct PretrainedSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<LoraSpec>,
     /// The dtype the pretrained weights are held and computed in. LoRA adapters stay f32
-    /// (their products are cast to the activations' dtype), attention scores, softmax and
-    /// the PPO loss are f32 whatever this says. Left out of the resolved file when `F32`, so
+    /// (their products are cast to the activations' dtype), attention scores, softmax, the
+    /// logits and the PPO loss are f32 whatever this says. Left out of the resolved file when `F32`, so
     /// warm-start cache keys made before it stay valid.
     #[serde(default, skip_serializing_if = "WeightDType::is_f32")]
     pub dtype: WeightDType,
@@ -212,7 +212,7 @@ pub enum WeightDType {
     /// 32-bit floats (every backend).
     #[default]
     F32,
-    /// bfloat16 (CUDA; not NdArray, Flex or WGPU, which say so at start-up).
+    /// bfloat16 (CUDA; Flex on the CPU, slowly; not NdArray or WGPU, which say so at start-up).
     Bf16,
 }
 

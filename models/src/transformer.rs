@@ -308,6 +308,15 @@ fn apply_rotary<B: Backend>(
     )
 }
 
+/// `t` in f32: a no-op on f32 tensors, a cast (differentiable) on bf16 ones.
+fn in_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Tensor<B, D> {
+    if t.dtype() == DType::F32 {
+        t
+    } else {
+        t.cast(DType::F32)
+    }
+}
+
 /// `layer` (plus its LoRA adapter, if any) applied as one matrix product over all rows:
 /// Burn's `Linear` on a rank-3 input runs one small product per batch row, far slower on CPU
 /// than a single flat product.
@@ -961,13 +970,14 @@ impl<B: AttentionOps> Transformer<B> {
         select_positions(table.unsqueeze_dim(0), &index)
     }
 
-    /// Logits of hidden states (the LM head, or the transposed embedding when tied).
+    /// Logits of hidden states (the LM head, or the transposed embedding when tied), in f32
+    /// whatever the weights' dtype: sampling, log-probs, entropy and KL all read them in f32.
     ///
     /// # Shapes
     /// - `hidden`: `[batch, seq, d_model]`
     /// - output: `[batch, seq, vocab]`
     pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
-        match &self.lm_head {
+        let logits = match &self.lm_head {
             Some(head) => project(head, None, hidden),
             None => {
                 let [batch, seq, d_model] = hidden.dims();
@@ -977,7 +987,8 @@ impl<B: AttentionOps> Transformer<B> {
                     .matmul(self.embedding.weight.val().transpose())
                     .reshape([batch, seq, self.config.vocab_size])
             }
-        }
+        };
+        in_f32(logits)
     }
 
     /// [`Transformer::logits`] for decoding: the same logits, bit for bit on NdArray, with a
@@ -1000,7 +1011,7 @@ impl<B: AttentionOps> Transformer<B> {
     /// - output: `[batch, seq, vocab]`
     pub(crate) fn decode_logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         let rows = HEAD_SLICE / self.config.d_model;
-        self.sliced_logits(hidden, rows)
+        in_f32(self.sliced_logits(hidden, rows))
     }
 
     /// [`Transformer::decode_logits`] with slices of `rows` vocabulary entries (the last one

@@ -701,19 +701,15 @@ fn a_missing_pretrained_model_fails_check_and_run_with_the_fetch_command() {
     let _ = fs::remove_dir_all(dir);
 }
 
-/// `dtype: Bf16` on a backend without bf16 tensors (the CPU's) is refused at start-up, exit
-/// 2 (a usage error, whose message names the dtype and CUDA), before any metrics are
-/// written; skipped when the model has not been fetched.
+/// `dtype: Bf16` on a backend without bf16 tensors (NdArray) is refused at start-up, exit 2
+/// (a usage error naming the dtype), before any metrics are written; skipped when the model
+/// has not been fetched.
 #[test]
-fn bf16_weights_on_a_cpu_backend_are_refused_with_the_reason() {
+fn bf16_weights_on_ndarray_are_refused_with_the_reason() {
     let Some(model) = smollm2() else { return };
-    let mut exp = shipped_pretrained("pretrained/smollm2_arith.ron", &model);
-    exp.judge = rlany_framework::experiment::JudgeSpec::None;
-    if let rlany_framework::experiment::ModelSource::Pretrained(p) = &mut exp.policy.model {
-        p.dtype = rlany_framework::experiment::WeightDType::Bf16;
-    }
-    assert!(exp.to_ron().contains("dtype: Bf16"), "{}", exp.to_ron());
-    let dir = scratch("bf16-cpu");
+    let mut exp = bf16_smollm2(&model);
+    exp.backend = rlany_framework::experiment::BackendKind::NdArray;
+    let dir = scratch("bf16-ndarray");
     let f = write(&dir, "p.ron", &exp.to_ron());
     let runs = dir.join("runs").to_string_lossy().into_owned();
     assert_eq!(rlany(&["check", "-q", &f]), 0, "the file itself is valid");
@@ -725,6 +721,41 @@ fn bf16_weights_on_a_cpu_backend_are_refused_with_the_reason() {
             .exists()
     );
     let _ = fs::remove_dir_all(dir);
+}
+
+/// bf16 weights with f32 LoRA adapters train on Flex, the CPU backend with bf16 tensors: the
+/// path a CUDA run takes (logits come out in f32, so the entropy, log-probs and loss mix no
+/// dtypes), with a finite gradient norm on a step that updates the policy.
+#[cfg(feature = "flex")]
+#[test]
+fn bf16_weights_with_lora_train_on_flex() {
+    let Some(model) = smollm2() else { return };
+    let mut exp = bf16_smollm2(&model);
+    exp.backend = rlany_framework::experiment::BackendKind::Flex;
+    // Four tasks of four samples: the first step has groups with and without success.
+    exp.budget.tasks_per_step = 4;
+    exp.budget.group_size = 4;
+    let log = run_seed_1("bf16-flex", &exp, &["--stop-after", "1"]);
+    let step = log
+        .iter()
+        .find(|m| m["step"] == 1)
+        .expect("step 1 in the metrics");
+    assert_eq!(step["policy/updates"], 1.0, "{step}");
+    let norm = step["policy/grad_norm"].as_f64().expect("grad norm");
+    assert!(norm.is_finite() && norm > 0.0, "grad norm {norm}");
+}
+
+/// The shipped SmolLM2 file with bf16 weights, no judge and a two-task evaluation.
+fn bf16_smollm2(model: &Path) -> rlany::Experiment {
+    let mut exp = shipped_pretrained("pretrained/smollm2_arith.ron", model);
+    exp.judge = rlany_framework::experiment::JudgeSpec::None;
+    if let rlany_framework::experiment::ModelSource::Pretrained(p) = &mut exp.policy.model {
+        p.dtype = rlany_framework::experiment::WeightDType::Bf16;
+    }
+    assert!(exp.to_ron().contains("dtype: Bf16"), "{}", exp.to_ron());
+    exp.budget.eval_tasks = 2;
+    exp.budget.eval_start_tasks = 0;
+    exp
 }
 
 /// Options that resume the run in `run` from its latest checkpoint, quietly, with no cache.
