@@ -129,9 +129,9 @@
 //!
 //! Outcome: an answer line was given and its value equals the true chain value.
 //!
-//! # Step dimensions ([`Episode::step_dims`]) and oracle blame ([`Episode::oracle_blame`])
+//! # Step dimensions ([`StepResult::dims`]) and oracle blame ([`StepResult::blame`])
 //!
-//! `step_dims(i)` is structural: it describes the line the chain expected when step `i` was
+//! Step `i`'s `dims` is structural: it describes the line the chain expected when step `i` was
 //! taken (position `j`), computed on the true chain, whatever the policy wrote:
 //! - `operands` if `j ≥ 1` (the line exists only because the chain is longer than 2);
 //! - `magnitude` if its operand has ≥ 2 digits (on line 0 also if the first operand has ≥ 3);
@@ -139,7 +139,7 @@
 //! - when the answer is due, the union over all lines (it is the value the whole chain
 //!   computes; it includes `operands` iff `n > 2`).
 //!
-//! `oracle_blame(i)` is the oracle's attribution of an incorrect step (empty when correct):
+//! Step `i`'s `blame` is the oracle's attribution of an incorrect step (empty when correct):
 //! - `operands`: a wrong `op`/`b`, a wrong `a` (lost the running value), a computation line
 //!   after all operators are used, an answer before all operators are used, or a wrong answer
 //!   after only correct lines (lost the final value);
@@ -946,6 +946,36 @@ After each line I answer `>` followed by the next operation to do, or `>A` when 
 `>-8`, you reply `52 - 8 = 44`, I answer `>A`, and you reply `A: 44`. The final value is the result \
 of your own last line.";
 
+impl ArithEpisode {
+    fn label_of(&self, i: usize) -> bool {
+        match self.oracle {
+            OracleMode::Local => self.steps.get(i).is_some_and(|s| s.local),
+            OracleMode::Strict => i < self.steps.len() && self.steps[..=i].iter().all(|s| s.local),
+        }
+    }
+
+    fn dims_of(&self, i: usize) -> Vec<usize> {
+        self.steps
+            .get(i)
+            .and_then(|s| self.dims.get(s.pos))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn blame_of(&self, i: usize) -> Vec<usize> {
+        let Some(s) = self.steps.get(i) else {
+            return Vec::new();
+        };
+        if !s.local {
+            return s.blame.clone();
+        }
+        match self.oracle {
+            OracleMode::Local => Vec::new(),
+            OracleMode::Strict => self.upstream_blame(i).unwrap_or_default(),
+        }
+    }
+}
+
 impl Episode for ArithEpisode {
     fn prompt(&self) -> String {
         chain_text(&self.operands, &self.ops)
@@ -957,10 +987,7 @@ impl Episode for ArithEpisode {
 
     fn step(&mut self, action: &str) -> StepResult {
         if self.done {
-            return StepResult {
-                observation: String::new(),
-                done: true,
-            };
+            return StepResult::ended();
         }
         let text = action.trim();
         let record = if text.chars().nth(self.max_action_chars).is_some() {
@@ -978,10 +1005,14 @@ impl Episode for ArithEpisode {
         if self.steps.len() >= self.max_steps() {
             self.done = true;
         }
-        StepResult {
-            observation: self.observation(),
-            done: self.done,
-        }
+        let i = self.steps.len() - 1;
+        StepResult::taken(
+            self.observation(),
+            self.done,
+            self.label_of(i),
+            self.dims_of(i),
+            self.blame_of(i),
+        )
     }
 
     fn done(&self) -> bool {
@@ -990,34 +1021,6 @@ impl Episode for ArithEpisode {
 
     fn outcome(&self) -> bool {
         self.answer == Some(self.value)
-    }
-
-    fn oracle_label(&self, i: usize) -> bool {
-        match self.oracle {
-            OracleMode::Local => self.steps.get(i).is_some_and(|s| s.local),
-            OracleMode::Strict => i < self.steps.len() && self.steps[..=i].iter().all(|s| s.local),
-        }
-    }
-
-    fn step_dims(&self, i: usize) -> Vec<usize> {
-        self.steps
-            .get(i)
-            .and_then(|s| self.dims.get(s.pos))
-            .cloned()
-            .unwrap_or_default()
-    }
-
-    fn oracle_blame(&self, i: usize) -> Vec<usize> {
-        let Some(s) = self.steps.get(i) else {
-            return Vec::new();
-        };
-        if !s.local {
-            return s.blame.clone();
-        }
-        match self.oracle {
-            OracleMode::Local => Vec::new(),
-            OracleMode::Strict => self.upstream_blame(i).unwrap_or_default(),
-        }
     }
 }
 
@@ -1060,7 +1063,7 @@ mod tests {
     }
 
     fn labels(ep: &ArithEpisode) -> Vec<bool> {
-        (0..ep.steps_taken()).map(|i| ep.oracle_label(i)).collect()
+        (0..ep.steps_taken()).map(|i| ep.label_of(i)).collect()
     }
 
     fn new_env(max_operands: usize, max_digits: u32) -> Arith {
@@ -1140,11 +1143,11 @@ mod tests {
                     }
                     assert!(ep.done() && ep.outcome());
                     assert_eq!(ep.steps_taken(), n);
-                    assert!((0..n).all(|i| ep.oracle_label(i)));
-                    assert!((0..n).all(|i| ep.oracle_blame(i).is_empty()));
-                    assert!(!ep.oracle_label(n) && ep.step_dims(n).is_empty());
+                    assert!((0..n).all(|i| ep.label_of(i)));
+                    assert!((0..n).all(|i| ep.blame_of(i).is_empty()));
+                    assert!(!ep.label_of(n) && ep.dims_of(n).is_empty());
                     // The answer exercises every dim some line does.
-                    assert_eq!(ep.step_dims(n - 1), normalised(ep.dims[..n - 1].concat()));
+                    assert_eq!(ep.dims_of(n - 1), normalised(ep.dims[..n - 1].concat()));
                 }
             }
         }
@@ -1195,7 +1198,7 @@ mod tests {
         assert!(ep.outcome());
         // Step dims: 47+5 carries; 52-8 borrows and is the 2nd line; 44+36 carries, has a
         // 2-digit operand; the answer is the union.
-        let dims: Vec<Vec<usize>> = (0..4).map(|i| ep.step_dims(i)).collect();
+        let dims: Vec<Vec<usize>> = (0..4).map(|i| ep.dims_of(i)).collect();
         assert_eq!(
             dims,
             [
@@ -1208,11 +1211,11 @@ mod tests {
         // A carry-free 2-operand chain with a 3-digit first operand.
         let mut ep = episode("123+4");
         assert_eq!(play(&mut ep, &["123+4=127", "A:127"]), [">A", ""]);
-        assert_eq!(ep.step_dims(0), [MAGNITUDE]);
-        assert_eq!(ep.step_dims(1), [MAGNITUDE]);
+        assert_eq!(ep.dims_of(0), [MAGNITUDE]);
+        assert_eq!(ep.dims_of(1), [MAGNITUDE]);
         let mut ep = episode("23+4");
         assert_eq!(play(&mut ep, &["23+4=27"]), [">A"]);
-        assert!(ep.step_dims(0).is_empty());
+        assert!(ep.dims_of(0).is_empty());
     }
 
     #[test]
@@ -1227,7 +1230,7 @@ mod tests {
         assert!(strict.outcome() && local.outcome());
         assert_eq!(labels(&local), [false, false, true, true]);
         assert_eq!(labels(&strict), [false, false, false, false]);
-        let blame = |ep: &ArithEpisode| (0..4).map(|i| ep.oracle_blame(i)).collect::<Vec<_>>();
+        let blame = |ep: &ArithEpisode| (0..4).map(|i| ep.blame_of(i)).collect::<Vec<_>>();
         assert_eq!(
             blame(&local),
             [vec![CARRIES], vec![CARRIES], vec![], vec![]]
@@ -1242,7 +1245,7 @@ mod tests {
         assert!(!strict.outcome() && !local.outcome());
         assert_eq!(labels(&local), [false, true, true, false]);
         assert_eq!(labels(&strict), [false; 4]);
-        assert_eq!(local.oracle_blame(3), [CARRIES]); // inherited from line 0
+        assert_eq!(local.blame_of(3), [CARRIES]); // inherited from line 0
         // A format error also counts: nothing after it is right in Strict mode.
         let lines = ["47 plus 5 = 52", "47+5=52", "52-8=44", "44+36=80", "A:80"];
         let mut strict = episode_in("47+5-8+36", OracleMode::Strict);
@@ -1252,7 +1255,7 @@ mod tests {
         assert!(strict.outcome());
         assert_eq!(labels(&local), [false, true, true, true, true]);
         assert_eq!(labels(&strict), [false; 5]);
-        assert!((0..5).all(|i| strict.oracle_blame(i).is_empty()));
+        assert!((0..5).all(|i| strict.blame_of(i).is_empty()));
         // Without errors both modes agree.
         let mut strict = episode_in("47+5-8+36", OracleMode::Strict);
         play(&mut strict, &["47+5=52", "52-8=44", "44+36=80", "A:80"]);
@@ -1279,30 +1282,30 @@ mod tests {
         assert_eq!(labels(&ep), [false, false, false, true, false, true, true]);
         assert_eq!(obs, [">+5", ">+5", ">+5", ">-3", ">-3", ">A", ""]);
         assert!(ep.outcome());
-        assert!(ep.oracle_blame(0).is_empty()); // malformed
-        assert_eq!(ep.oracle_blame(2), [OPERANDS]);
-        assert_eq!(ep.oracle_blame(4), [OPERANDS]); // "+5" again where "-3" is due
+        assert!(ep.blame_of(0).is_empty()); // malformed
+        assert_eq!(ep.blame_of(2), [OPERANDS]);
+        assert_eq!(ep.blame_of(4), [OPERANDS]); // "+5" again where "-3" is due
         // Step dims follow the expected line, whatever was written.
-        assert_eq!(ep.step_dims(1), [CARRIES]);
-        assert_eq!(ep.step_dims(5), [OPERANDS, CARRIES]);
+        assert_eq!(ep.dims_of(1), [CARRIES]);
+        assert_eq!(ep.dims_of(5), [OPERANDS, CARRIES]);
         // A repeated line does not advance and says so.
         let mut ep = episode("7+5-3");
         assert_eq!(play(&mut ep, &["7+5=12", "12+5=17"]), [">-3", ">-3"]);
-        assert_eq!(ep.oracle_blame(1), [OPERANDS]);
+        assert_eq!(ep.blame_of(1), [OPERANDS]);
         // Premature answer.
         let mut ep = episode("7+5-3");
         assert_eq!(play(&mut ep, &["A:12"]), [""]);
         assert_eq!(labels(&ep), [false]);
-        assert_eq!(ep.oracle_blame(0), [OPERANDS]);
-        assert_eq!(ep.step_dims(0), [CARRIES]);
+        assert_eq!(ep.blame_of(0), [OPERANDS]);
+        assert_eq!(ep.dims_of(0), [CARRIES]);
         // A wrong answer after correct lines: the final value was lost.
         let mut ep = episode("7+5");
         play(&mut ep, &["7+5=12", "A:13"]);
-        assert_eq!(ep.oracle_blame(1), [OPERANDS]);
+        assert_eq!(ep.blame_of(1), [OPERANDS]);
         // A wrong c on a 2-digit operand that needs a carry.
         let mut ep = episode("38+45");
         play(&mut ep, &["38+45=73"]);
-        assert_eq!(ep.oracle_blame(0), [MAGNITUDE, CARRIES]);
+        assert_eq!(ep.blame_of(0), [MAGNITUDE, CARRIES]);
         // Unparsable answer ends the episode, wrong.
         let mut ep = episode("7+5");
         play(&mut ep, &["7+5=12", "A:twelve"]);
@@ -1784,10 +1787,10 @@ mod tests {
         assert_eq!(ep.expert_action(), Some("A:12".to_string()));
         // Over-long: a wasted step, not an answer.
         assert!(!ep.step(&format!("A:{}", "9".repeat(200))).done);
-        assert!(!ep.oracle_label(1));
+        assert!(!ep.label_of(1));
         // Fits the line limit but overflows i64: an unparsable (wrong) answer.
         assert!(ep.step(&format!("A:{}", "9".repeat(20))).done);
-        assert!(!ep.outcome() && !ep.oracle_label(2));
+        assert!(!ep.outcome() && !ep.label_of(2));
     }
 
     #[test]
@@ -1818,7 +1821,7 @@ mod tests {
         assert!(!ep.step("52 - 8 = 44").done);
         assert!(ep.step("A: 44").done);
         assert!(ep.outcome());
-        assert!((0..3).all(|i| ep.oracle_label(i)));
+        assert!((0..3).all(|i| ep.label_of(i)));
     }
 
     #[test]
@@ -1893,25 +1896,25 @@ mod tests {
                 // An unparsable line is a wasted step.
                 if parse_line(action.trim()).is_none() && parse_answer(action.trim()).is_none() {
                     assert_eq!(ep.pos, pos);
-                    assert!(!ep.oracle_label(taken - 1));
+                    assert!(!ep.label_of(taken - 1));
                 }
                 let _ = (ep.outcome(), ep.expert_action());
             }
             assert!(ep.steps_taken() <= max_steps);
             assert!(ep.expert_action().is_none());
             for i in 0..max_steps + 3 {
-                let _ = ep.oracle_label(i);
-                let blame = ep.oracle_blame(i);
-                let dims = ep.step_dims(i);
+                let _ = ep.label_of(i);
+                let blame = ep.blame_of(i);
+                let dims = ep.dims_of(i);
                 assert!(blame.iter().chain(&dims).all(|&k| k < 3));
                 if i >= ep.steps_taken() {
                     assert!(dims.is_empty() && blame.is_empty());
                 }
-                if ep.oracle_label(i) {
+                if ep.label_of(i) {
                     assert!(blame.is_empty());
                 }
             }
-            assert!(!ep.oracle_label(ep.steps_taken()));
+            assert!(!ep.label_of(ep.steps_taken()));
             let before = ep.steps_taken();
             assert!(ep.step("A:0").done);
             assert_eq!(ep.steps_taken(), before);

@@ -57,10 +57,9 @@
 //!
 //! # Oracle
 //!
-//! [`Episode::oracle_label`]`(i)`: step `i` was taken and was right (each step on its own;
-//! a wrong step does not make later ones wrong). [`Episode::step_dims`]`(i)`: `[length]` for
-//! every taken step (each door exists because of the length). [`Episode::oracle_blame`]`(i)`:
-//! `[length]` if step `i` was wrong, else nothing.
+//! A step's [`StepResult`]: `label` is whether it was right (each step on its own; a wrong
+//! step does not make later ones wrong); `dims` is `[length]` for every step (each door
+//! exists because of the length); `blame` is `[length]` when the step was wrong, else empty.
 //!
 //! # Flawed expert ([`Environment::demonstration`])
 //!
@@ -348,24 +347,20 @@ impl Episode for CorridorEpisode {
     fn step(&mut self, action: &str) -> StepResult {
         let i = self.right.len();
         let Some(&sign) = self.signs.get(i) else {
-            return StepResult {
-                observation: String::new(),
-                done: true,
-            };
+            return StepResult::ended();
         };
         let mut buf = [0u8; 4];
         let right = action.trim() == answer(sign).encode_utf8(&mut buf);
         self.right.push(right);
-        match self.signs.get(i + 1) {
-            Some(next) => StepResult {
-                observation: next.to_string(),
-                done: false,
-            },
-            None => StepResult {
-                observation: String::new(),
-                done: true,
-            },
-        }
+        // Every door exercises the corridor's length; a wrong answer is blamed on it.
+        let next = self.signs.get(i + 1).map(|s| s.to_string());
+        StepResult::taken(
+            next.clone().unwrap_or_default(),
+            next.is_none(),
+            right,
+            vec![LENGTH],
+            vec![LENGTH],
+        )
     }
 
     fn done(&self) -> bool {
@@ -374,26 +369,6 @@ impl Episode for CorridorEpisode {
 
     fn outcome(&self) -> bool {
         self.done() && self.wrong_steps() <= self.slack
-    }
-
-    fn oracle_label(&self, i: usize) -> bool {
-        self.right.get(i).copied().unwrap_or(false)
-    }
-
-    fn step_dims(&self, i: usize) -> Vec<usize> {
-        if i < self.right.len() {
-            vec![LENGTH]
-        } else {
-            Vec::new()
-        }
-    }
-
-    fn oracle_blame(&self, i: usize) -> Vec<usize> {
-        if self.right.get(i) == Some(&false) {
-            vec![LENGTH]
-        } else {
-            Vec::new()
-        }
     }
 
     fn task_key(&self) -> String {
@@ -506,9 +481,9 @@ mod tests {
                     assert!(!ep.outcome());
                     let r = ep.step(s);
                     assert_eq!(r.done, i + 1 == steps.len());
-                    assert!(ep.oracle_label(i));
-                    assert_eq!(ep.step_dims(i), vec![LENGTH]);
-                    assert!(ep.oracle_blame(i).is_empty());
+                    assert!(r.label);
+                    assert_eq!(r.dims, vec![LENGTH]);
+                    assert!(r.blame.is_empty());
                 }
                 assert!(ep.done() && ep.outcome());
             }
@@ -523,14 +498,21 @@ mod tests {
             let mut ep = env.sample_episode(&[0.5], Split::Train, seed);
             let borderline: Vec<bool> = ep.signs().iter().map(|s| (3..=6).contains(s)).collect();
             let (right, wrong) = (ep.expert_answers(), wrong_answers(&ep));
+            let mut results = Vec::new();
             for (i, s) in steps.iter().enumerate() {
                 assert_eq!(s, if borderline[i] { &wrong[i] } else { &right[i] });
-                ep.step(s);
+                results.push(ep.step(s));
             }
             let n = borderline.iter().filter(|b| **b).count();
             assert_eq!(ep.wrong_steps(), n);
-            assert!((0..18).all(|i| ep.oracle_label(i) != borderline[i]));
-            assert!((0..18).all(|i| (ep.oracle_blame(i) == vec![LENGTH]) == borderline[i]));
+            assert_eq!(results.len(), 18);
+            assert!(results.iter().zip(&borderline).all(|(r, b)| r.label != *b));
+            assert!(
+                results
+                    .iter()
+                    .zip(&borderline)
+                    .all(|(r, b)| (r.blame == vec![LENGTH]) == *b)
+            );
             assert_eq!(ep.done() && ep.outcome(), n <= 2);
         }
     }
@@ -614,11 +596,13 @@ mod tests {
             "\0",
             "R",
         ];
+        let mut results = Vec::new();
         for (i, a) in actions.iter().enumerate() {
             assert!(!ep.done());
-            assert_eq!(ep.step(a).done, i == 11);
+            results.push(ep.step(a));
+            assert_eq!(results[i].done, i == 11);
         }
-        let labels: Vec<bool> = (0..12).map(|i| ep.oracle_label(i)).collect();
+        let labels: Vec<bool> = results.iter().map(|r| r.label).collect();
         assert_eq!(
             labels,
             [
@@ -627,10 +611,10 @@ mod tests {
         );
         assert_eq!(ep.wrong_steps(), 8);
         assert!(ep.done() && !ep.outcome());
-        assert_eq!(ep.oracle_blame(1), vec![LENGTH]);
-        assert!(ep.oracle_blame(0).is_empty());
-        assert_eq!(ep.step_dims(1), vec![LENGTH]);
-        assert_eq!(ep.step_dims(0), vec![LENGTH]);
+        assert_eq!(results[1].blame, vec![LENGTH]);
+        assert!(results[0].blame.is_empty());
+        assert_eq!(results[1].dims, vec![LENGTH]);
+        assert_eq!(results[0].dims, vec![LENGTH]);
     }
 
     #[test]
@@ -638,49 +622,25 @@ mod tests {
         let mut ep = CorridorEpisode::new(vec![3, 8, 5], 1);
         assert_eq!(ep.prompt(), "L if sign<5 else R\n3\n");
         assert!(!ep.done() && !ep.outcome());
-        assert_eq!(
-            ep.step("L"),
-            StepResult {
-                observation: "8".into(),
-                done: false
-            }
-        );
+        let step = |observation: &str, done, label, blame: &[usize]| StepResult {
+            observation: observation.into(),
+            done,
+            label,
+            dims: vec![LENGTH],
+            blame: blame.to_vec(),
+        };
+        assert_eq!(ep.step("L"), step("8", false, true, &[]));
         assert!(!ep.outcome());
-        assert_eq!(
-            ep.step("garbage"),
-            StepResult {
-                observation: "5".into(),
-                done: false
-            }
-        );
+        assert_eq!(ep.step("garbage"), step("5", false, false, &[LENGTH]));
         assert!(!ep.done() && !ep.outcome());
-        assert_eq!(
-            ep.step("R"),
-            StepResult {
-                observation: String::new(),
-                done: true
-            }
-        );
+        assert_eq!(ep.step("R"), step("", true, true, &[]));
         assert!(ep.done() && ep.outcome());
+        // Actions after the end: nothing happens (no label, no dims, no blame).
         for a in ["L", "R", "", "x"] {
-            assert_eq!(
-                ep.step(a),
-                StepResult {
-                    observation: String::new(),
-                    done: true
-                }
-            );
+            assert_eq!(ep.step(a), StepResult::ended());
         }
         assert_eq!(ep.steps_taken(), 3);
         assert!(ep.outcome());
-        assert_eq!(
-            (0..5).map(|i| ep.oracle_label(i)).collect::<Vec<_>>(),
-            [true, false, true, false, false]
-        );
-        // Steps never taken: no label, no dims, no blame.
-        assert!(ep.step_dims(3).is_empty());
-        assert!(ep.oracle_blame(3).is_empty());
-        assert_eq!(ep.oracle_blame(1), vec![LENGTH]);
     }
 
     #[test]

@@ -33,6 +33,7 @@
 
 pub mod arith;
 pub mod codegen;
+pub mod conformance;
 pub mod corridor;
 pub mod desktop;
 mod draw;
@@ -46,6 +47,37 @@ pub use corridor::{Corridor, CorridorEpisode, CorridorSpec};
 pub use desktop::{Desktop, DesktopEpisode, DesktopSpec};
 pub use household::{Household, HouseholdEpisode, HouseholdSpec};
 pub use process::{ProcessEnv, ProcessEpisode, ProcessSpec};
+
+/// Every compiled-in environment, at its default settings and at the settings that change
+/// its oracle, named for test messages.
+#[cfg(test)]
+pub(crate) fn plugins_for_tests() -> Vec<(&'static str, Box<dyn rlany_framework::Environment>)> {
+    use rlany_framework::plugin::EnvironmentPlugin;
+    vec![
+        ("arith", ArithSpec::default().build()),
+        (
+            "arith, local oracle",
+            ArithSpec {
+                oracle: arith::OracleMode::Local,
+                ..ArithSpec::default()
+            }
+            .build(),
+        ),
+        ("codegen", CodegenSpec::default().build()),
+        ("corridor", CorridorSpec::default().build()),
+        ("household", HouseholdSpec::default().build()),
+        (
+            "household, belief labels, actions listed",
+            HouseholdSpec {
+                label: household::Label::Belief,
+                list_actions: true,
+                ..HouseholdSpec::default()
+            }
+            .build(),
+        ),
+        ("desktop", DesktopSpec::default().build()),
+    ]
+}
 
 #[cfg(test)]
 mod tests {

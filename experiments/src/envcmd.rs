@@ -2,7 +2,8 @@
 //! with the environment's observations and oracle labels, and the difficulty dimensions.
 //! A process environment (`rlany env process -- python3 my_env.py`, or an experiment file
 //! naming one) is first put through the protocol's conformance checks
-//! (`rlany_envs::process::conformance`); a failed check is an error.
+//! (`rlany_envs::process::conformance`); a failed check is an error. `--check` runs the
+//! environment contract's checks on any environment (`rlany_envs::conformance`) and stops.
 
 use crate::plugins::{ENVIRONMENTS, EnvironmentSpec};
 use crate::{Experiment, UsageError};
@@ -32,6 +33,10 @@ pub struct EnvArgs {
     /// `policy.warm_start.noise`).
     #[arg(long, default_value_t = 0.0)]
     pub noise: f64,
+    /// Run the environment contract's conformance checks (any environment) and stop: an
+    /// error when one fails.
+    #[arg(long)]
+    pub check: bool,
     /// For `process`: the command that starts the environment, after `--` (no shell),
     /// e.g. `rlany env process -- python3 environments/process/reference.py`.
     #[arg(last = true)]
@@ -45,14 +50,7 @@ fn conformance(spec: &rlany_envs::ProcessSpec) -> Result<()> {
         spec.command.join(" ")
     );
     let checks = rlany_envs::process::conformance::run(spec);
-    for c in &checks {
-        println!(
-            "  {:<5} {:<14} {}",
-            if c.ok { "ok" } else { "FAIL" },
-            c.name,
-            c.detail
-        );
-    }
+    print_checks(&checks);
     let failed = checks.iter().filter(|c| !c.ok).count();
     if failed > 0 {
         anyhow::bail!(
@@ -63,6 +61,18 @@ fn conformance(spec: &rlany_envs::ProcessSpec) -> Result<()> {
     }
     println!();
     Ok(())
+}
+
+/// One line per check.
+fn print_checks(checks: &[rlany_envs::conformance::Check]) {
+    for c in checks {
+        println!(
+            "  {:<5} {:<14} {}",
+            if c.ok { "ok" } else { "FAIL" },
+            c.name,
+            c.detail
+        );
+    }
 }
 
 /// The environment settings `name` stands for.
@@ -116,10 +126,26 @@ pub fn run(args: &EnvArgs) -> Result<()> {
         .map_err(|e| UsageError(format!("environment.{}: {}", e.field, e.message)))?;
     if let EnvironmentSpec::Process(p) = &spec {
         conformance(p)?;
+        if args.check {
+            return Ok(());
+        }
     }
     let env = spec.plugin().build();
     if let Some(fault) = env.fault() {
         anyhow::bail!("environment: {fault}");
+    }
+    if args.check {
+        println!("conformance checks of `{}`:", args.name);
+        let checks = rlany_envs::conformance::run(&rlany_envs::conformance::Compiled(env.as_ref()));
+        print_checks(&checks);
+        let failed = checks.iter().filter(|c| !c.ok).count();
+        if failed > 0 {
+            anyhow::bail!(
+                "`{}` failed {failed} of the environment contract's conformance checks",
+                args.name
+            );
+        }
+        return Ok(());
     }
     let dims = env.difficulty_space();
     let d = if !args.difficulty.is_empty() {

@@ -132,12 +132,12 @@ impl CriticFeedback {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Critic {
     /// What a real system has: the steps the judge flags (all m verdicts −1), each blamed on
-    /// the dimensions the environment says the step exercises ([`crate::Episode::step_dims`]).
+    /// the dimensions the environment says the step exercises ([`crate::StepResult::dims`]).
     /// Without a judge nothing is flagged and every dimension moves.
     #[default]
     Judge,
     /// Upper bound, not the method: the oracle's wrong steps and its attribution
-    /// ([`crate::Episode::oracle_blame`]).
+    /// ([`crate::StepResult::blame`]).
     Oracle,
 }
 

@@ -29,13 +29,59 @@ pub struct Dim {
 /// A point of the difficulty space, each coordinate in `[0, 1]`.
 pub type Difficulty = Vec<f64>;
 
-/// What the environment answers to one action.
+/// What the environment answers to one action: what the policy sees next, and what the
+/// task's author knows about the step (its oracle label, the difficulty dimensions it
+/// exercised, the blame of a wrong step). The same fields as the process protocol's `step`
+/// reply, so every environment, compiled in or in another process, keeps one contract.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StepResult {
     /// Text appended to the context after the action (may be empty).
     pub observation: String,
     /// The episode is over (answer given, goal reached, or step budget exhausted).
     pub done: bool,
+    /// The oracle's label: was the step correct / progressing? Used for metrics and the
+    /// judge's warm-start labels, never shown to the judge or the proposer.
+    pub label: bool,
+    /// Which difficulty dimensions the step *exercises*: a property of the task's structure
+    /// that the environment (the task's author) knows without judging correctness, e.g. "the
+    /// expected line needs a carry". With the judge's verdicts this is the oracle-free critic
+    /// feedback (the judge says which steps failed, the environment what they involved).
+    pub dims: Vec<usize>,
+    /// The oracle's attribution of a wrong step to difficulty dimensions (ignored on a right
+    /// step); only the explicitly named upper-bound critic (`critic: Oracle`) uses it.
+    pub blame: Vec<usize>,
+}
+
+impl StepResult {
+    /// The answer to an action taken after the episode ended: nothing happened (no
+    /// observation, no label, no dimensions).
+    pub fn ended() -> Self {
+        Self {
+            observation: String::new(),
+            done: true,
+            label: false,
+            dims: Vec::new(),
+            blame: Vec::new(),
+        }
+    }
+
+    /// The answer to a step taken: `observation` is shown only while the episode goes on
+    /// (a step that ends it shows nothing more), `blame` kept only on a wrong step.
+    pub fn taken(
+        observation: String,
+        done: bool,
+        label: bool,
+        dims: Vec<usize>,
+        blame: Vec<usize>,
+    ) -> Self {
+        Self {
+            observation: if done { String::new() } else { observation },
+            done,
+            label,
+            dims,
+            blame: if label { Vec::new() } else { blame },
+        }
+    }
 }
 
 /// One task instance, played out one step (one line of text) at a time.
@@ -52,7 +98,8 @@ pub trait Episode: Send {
     fn instructions(&self) -> Option<String> {
         None
     }
-    /// Apply one action (one step of generated text, without the delimiter).
+    /// Apply one action (one step of generated text, without the delimiter). After the
+    /// episode ended the answer is [`StepResult::ended`].
     fn step(&mut self, action: &str) -> StepResult;
     /// Starts [`Self::step`] with `action` where the work happens elsewhere (another
     /// process): a rollout calls it for every active episode of a turn before it calls
@@ -63,27 +110,37 @@ pub trait Episode: Send {
     fn done(&self) -> bool;
     /// The verifier: did the trajectory so far solve the task?
     fn outcome(&self) -> bool;
-    /// Oracle label of step `i` (0-based): was that step correct / progressing?
-    /// `false` for an index that was never taken. Used for metrics and warm starts, never
-    /// shown to the proposer by default.
-    fn oracle_label(&self, i: usize) -> bool;
-    /// Which difficulty dimensions step `i` *exercises*: a property of the task's structure
-    /// that the environment (the task's author) knows without judging correctness, e.g. "the
-    /// expected line needs a carry". With the judge's verdicts this is the oracle-free critic
-    /// feedback (the judge says which steps failed, the environment what they involved).
-    fn step_dims(&self, _i: usize) -> Vec<usize> {
-        Vec::new()
-    }
-    /// The oracle's attribution of a failure at step `i` to difficulty dimensions; only the
-    /// explicitly named upper-bound critic (`critic: Oracle`) uses it.
-    fn oracle_blame(&self, _i: usize) -> Vec<usize> {
-        Vec::new()
-    }
     /// Identifies the task: two episodes with equal keys are the same task (a rewrite that
     /// leaves the key unchanged changed nothing). Defaults to the prompt; an environment
     /// with hidden state must include it.
     fn task_key(&self) -> String {
         self.prompt()
+    }
+}
+
+/// A boxed episode is an episode (what generic code over episodes, such as the conformance
+/// checks, plays).
+impl<E: Episode + ?Sized> Episode for Box<E> {
+    fn prompt(&self) -> String {
+        (**self).prompt()
+    }
+    fn instructions(&self) -> Option<String> {
+        (**self).instructions()
+    }
+    fn step(&mut self, action: &str) -> StepResult {
+        (**self).step(action)
+    }
+    fn submit(&mut self, action: &str) {
+        (**self).submit(action)
+    }
+    fn done(&self) -> bool {
+        (**self).done()
+    }
+    fn outcome(&self) -> bool {
+        (**self).outcome()
+    }
+    fn task_key(&self) -> String {
+        (**self).task_key()
     }
 }
 

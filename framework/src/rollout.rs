@@ -3,7 +3,7 @@
 //! active episode of every task advances together in one batched [`CausalLm::extend`] call per
 //! turn, which reads only what is new in each context (the model keeps the rest cached).
 
-use crate::env::{Environment, Episode, Split};
+use crate::env::{Environment, Episode, Split, StepResult};
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
 use crate::placement::{Placement, PlacementError};
 use crate::rng::Rng;
@@ -23,12 +23,31 @@ pub struct StepSpan {
     pub oracle: bool,
     /// The observation the environment answered with.
     pub observation: String,
-    /// Difficulty dimensions the step exercises ([`Episode::step_dims`]: task structure,
-    /// not correctness); with the judge's verdicts, the default critic feedback.
+    /// Difficulty dimensions the step exercises ([`StepResult::dims`]: task structure, not
+    /// correctness); with the judge's verdicts, the default critic feedback.
     pub dims: Vec<usize>,
-    /// The oracle's attribution of the step's failure ([`Episode::oracle_blame`]; empty when
+    /// The oracle's attribution of the step's failure ([`StepResult::blame`]; empty when
     /// correct); only the upper-bound `critic: Oracle` uses it.
     pub oracle_blame: Vec<usize>,
+}
+
+impl StepSpan {
+    /// The step of tokens `start..end` with action `text`, as the environment answered it.
+    fn answered(start: usize, end: usize, text: String, result: StepResult) -> Self {
+        Self {
+            start,
+            end,
+            text,
+            oracle: result.label,
+            observation: result.observation,
+            dims: result.dims,
+            oracle_blame: if result.label {
+                Vec::new()
+            } else {
+                result.blame
+            },
+        }
+    }
 }
 
 /// One played-out episode.
@@ -119,24 +138,10 @@ pub fn rollout<B: Backend, M: CausalLm<B>>(
             // A step cut short still ends its line (or message) in the context, untrained.
             ctx.extend(format.close_action(tok, &g.tokens));
             let result = ep.step(&text);
-            let oracle = ep.oracle_label(steps.len());
-            let oracle_blame = if oracle {
-                Vec::new()
-            } else {
-                ep.oracle_blame(steps.len())
-            };
-            steps.push(StepSpan {
-                start,
-                end,
-                text,
-                oracle,
-                observation: result.observation.clone(),
-                dims: ep.step_dims(steps.len()),
-                oracle_blame,
-            });
             if !ep.done() || !result.observation.is_empty() {
                 ctx.extend(format.observation(tok, &result.observation));
             }
+            steps.push(StepSpan::answered(start, end, text, result));
         }
     }
 
@@ -214,22 +219,8 @@ pub fn replay_demonstration(env: &dyn Environment, d: &[f64], noise: f64, seed: 
         if ep.done() {
             break;
         }
-        let observation = ep.step(&text).observation;
-        let i = steps.len();
-        let oracle = ep.oracle_label(i);
-        steps.push(StepSpan {
-            start: 0,
-            end: 0,
-            text,
-            oracle,
-            observation,
-            dims: ep.step_dims(i),
-            oracle_blame: if oracle {
-                Vec::new()
-            } else {
-                ep.oracle_blame(i)
-            },
-        });
+        let result = ep.step(&text);
+        steps.push(StepSpan::answered(0, 0, text, result));
     }
     Trajectory {
         task: 0,

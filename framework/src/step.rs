@@ -620,18 +620,12 @@ mod tests {
         fn step(&mut self, action: &str) -> StepResult {
             self.ok = action == format!("{:.1}", self.d);
             self.done = true;
-            StepResult {
-                observation: String::new(),
-                done: true,
-            }
+            StepResult::taken(String::new(), true, self.ok, Vec::new(), Vec::new())
         }
         fn done(&self) -> bool {
             self.done
         }
         fn outcome(&self) -> bool {
-            self.ok
-        }
-        fn oracle_label(&self, _i: usize) -> bool {
             self.ok
         }
     }

@@ -113,11 +113,11 @@
 //! under-approximation of "consistent with some correct completion" (a line that only an
 //! exotic completion could rescue is labelled wrong). `ret` is correct iff the outcome is.
 //!
-//! `step_dims(i)` is structural: the dims of the reference line at the program's position
+//! Step `i`'s `dims` is structural: the dims of the reference line at the program's position
 //! when step `i` was taken (`length` for lines of stage 2 onwards, `magnitude` if the line
 //! has a constant ≥ 10, `variables` for the lines of a variable stage; `ret` and a
 //! position past the reference: the union over the program). `examples` is never listed: it
-//! changes the evidence, not the line. `oracle_blame(i)` is `step_dims(i)` for a wrong
+//! changes the evidence, not the line. Step `i`'s `blame` is step `i`'s `dims` for a wrong
 //! parsed line and nothing for a rejected one (a format error says nothing about difficulty).
 //!
 //! # Flawed expert ([`Environment::demonstration`])
@@ -783,6 +783,27 @@ output, one statement per message. Statements: `keep COND` (e.g. `keep x>3`, \
 last|len` (then use NAME in an expression), `fold +|max|min`, `count`, and `ret` to finish. \
 After each statement I show what the program so far gives on each example.";
 
+impl CodegenEpisode {
+    fn label_of(&self, i: usize) -> bool {
+        self.steps.get(i).is_some_and(|s| s.label)
+    }
+
+    fn dims_of(&self, i: usize) -> Vec<usize> {
+        let Some(s) = self.steps.get(i) else {
+            return Vec::new();
+        };
+        let last = self.task.dims.len() - 1;
+        self.task.dims[s.pos.min(last)].clone()
+    }
+
+    fn blame_of(&self, i: usize) -> Vec<usize> {
+        match self.steps.get(i) {
+            Some(s) if s.parsed && !s.label => self.dims_of(i),
+            _ => Vec::new(),
+        }
+    }
+}
+
 impl Episode for CodegenEpisode {
     fn prompt(&self) -> String {
         self.prompt.clone()
@@ -794,10 +815,7 @@ impl Episode for CodegenEpisode {
 
     fn step(&mut self, action: &str) -> StepResult {
         if self.done {
-            return StepResult {
-                observation: String::new(),
-                done: true,
-            };
+            return StepResult::ended();
         }
         let pos = self.program.len();
         let (record, observation) = match lang::parse(action) {
@@ -839,14 +857,14 @@ impl Episode for CodegenEpisode {
         if self.steps.len() >= self.max_steps() {
             self.done = true;
         }
-        StepResult {
-            observation: if self.done {
-                String::new()
-            } else {
-                observation
-            },
-            done: self.done,
-        }
+        let i = self.steps.len() - 1;
+        StepResult::taken(
+            observation,
+            self.done,
+            self.label_of(i),
+            self.dims_of(i),
+            self.blame_of(i),
+        )
     }
 
     fn done(&self) -> bool {
@@ -855,25 +873,6 @@ impl Episode for CodegenEpisode {
 
     fn outcome(&self) -> bool {
         self.returned && self.passed
-    }
-
-    fn oracle_label(&self, i: usize) -> bool {
-        self.steps.get(i).is_some_and(|s| s.label)
-    }
-
-    fn step_dims(&self, i: usize) -> Vec<usize> {
-        let Some(s) = self.steps.get(i) else {
-            return Vec::new();
-        };
-        let last = self.task.dims.len() - 1;
-        self.task.dims[s.pos.min(last)].clone()
-    }
-
-    fn oracle_blame(&self, i: usize) -> Vec<usize> {
-        match self.steps.get(i) {
-            Some(s) if s.parsed && !s.label => self.step_dims(i),
-            _ => Vec::new(),
-        }
     }
 
     fn task_key(&self) -> String {

@@ -47,12 +47,12 @@ fn a_hand_checked_task() {
         .map(|x| lang::show(&lang::run_text(&[lines[0].as_str()], x).expect("runs")))
         .collect();
     assert_eq!(r.observation, expected.join(" "));
-    assert!(ep.oracle_label(0));
+    assert!(ep.label_of(0));
     for l in &lines[1..] {
         ep.step(l);
     }
     assert!(ep.done() && ep.outcome());
-    assert!((0..lines.len()).all(|i| ep.oracle_label(i)));
+    assert!((0..lines.len()).all(|i| ep.label_of(i)));
 }
 
 #[test]
@@ -114,7 +114,7 @@ fn the_expert_always_succeeds_and_every_step_is_labelled_correct() {
             ep.done() && ep.outcome(),
             "{d:?} {split:?} {seed}: {lines:?}"
         );
-        assert!((0..lines.len()).all(|i| ep.oracle_label(i)));
+        assert!((0..lines.len()).all(|i| ep.label_of(i)));
         assert!(ep.prompt().len() <= env.max_prompt_chars());
     }
     // The demonstration at noise 0 is the reference.
@@ -158,10 +158,10 @@ fn the_flawed_expert_is_mid_range_and_slips_are_wrong_steps() {
         {
             seen += 1;
             assert!(
-                (i..steps.len()).any(|j| !ep.oracle_label(j)),
+                (i..steps.len()).any(|j| !ep.label_of(j)),
                 "{steps:?} vs {reference:?}"
             );
-            assert!(!ep.oracle_label(steps.len() - 1));
+            assert!(!ep.label_of(steps.len() - 1));
         }
     }
     assert!(seen > 100, "{seen}");
@@ -312,14 +312,14 @@ fn rejected_and_wrong_lines() {
     let mut ep = env.sample_episode(&[0.0; 4], Split::Train, 1);
     let r = ep.step("print 3");
     assert_eq!(r.observation, "error: unknown statement");
-    assert!(!r.done && !ep.oracle_label(0) && ep.oracle_blame(0).is_empty());
+    assert!(!r.done && !ep.label_of(0) && ep.blame_of(0).is_empty());
     let r = ep.step("map x/0");
     assert!(
         r.observation.starts_with("error: division by zero"),
         "{}",
         r.observation
     );
-    assert!(!ep.oracle_label(1));
+    assert!(!ep.label_of(1));
     // Nothing can complete a program that divides by zero.
     let reference = ep.reference_lines();
     for l in &reference {
@@ -329,7 +329,7 @@ fn rejected_and_wrong_lines() {
     // `ret` right away on a task whose output is not its input is wrong.
     let mut ep = env.sample_episode(&[1.0, 0.0, 0.0, 0.0], Split::Train, 2);
     ep.step("ret");
-    assert!(ep.done() && !ep.outcome() && !ep.oracle_label(0));
+    assert!(ep.done() && !ep.outcome() && !ep.label_of(0));
     // The step budget ends an episode.
     let mut ep = env.sample_episode(&[0.5; 4], Split::Train, 3);
     let budget = ep.max_steps();
@@ -410,10 +410,10 @@ fn garbage_actions_never_panic_and_stay_bounded() {
             assert!(ep.steps_taken() <= ep.max_steps());
         }
         for i in 0..ep.max_steps() + 2 {
-            let dims = ep.step_dims(i);
-            let blame = ep.oracle_blame(i);
+            let dims = ep.dims_of(i);
+            let blame = ep.blame_of(i);
             assert!(dims.iter().chain(&blame).all(|&k| k < EXAMPLES));
-            if ep.oracle_label(i) {
+            if ep.label_of(i) {
                 assert!(blame.is_empty());
             }
         }

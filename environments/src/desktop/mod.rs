@@ -116,12 +116,12 @@
 //! The episode ends when the goal holds or after [`DesktopEpisode::max_steps`] steps (the
 //! expert's plan + `slack`, 4 by default). A step is labelled right when it was valid and the expert planner
 //! ([`app::expert`], which acts on the hints and the menus the agent has opened) needs fewer
-//! actions from the new state than from the old. `step_dims(i)` is what the expert's action
+//! actions from the new state than from the old. Step `i`'s `dims` is what the expert's action
 //! at that state exercises: opening a submenu or a second tab → `depth`; opening a
 //! menu-bar menu while the path is not hinted (searching among the menus' items) →
 //! `distractors`; the save, and any step towards the second setting → `subgoals`; after the
 //! goal holds, all three. `hints` is never listed (it changes the evidence, not the action).
-//! `oracle_blame(i)` is `step_dims(i)` for a valid step that made no progress, nothing for an
+//! Step `i`'s `blame` is step `i`'s `dims` for a valid step that made no progress, nothing for an
 //! invalid one.
 //!
 //! # Flawed expert ([`Environment::demonstration`])
@@ -812,6 +812,26 @@ one action per message: `click(ID)`, `type(ID, \"TEXT\")`, `key(enter)`, `key(es
 `key(ctrl+s)` or `scroll(ID, N)` (a drop-down list shows a few options; N moves it). \
 After each action I show the new view, what OK applied, or `error: <why>`.";
 
+impl DesktopEpisode {
+    fn label_of(&self, i: usize) -> bool {
+        self.steps.get(i).is_some_and(|s| s.label)
+    }
+
+    fn dims_of(&self, i: usize) -> Vec<usize> {
+        self.steps
+            .get(i)
+            .map(|s| s.dims.clone())
+            .unwrap_or_default()
+    }
+
+    fn blame_of(&self, i: usize) -> Vec<usize> {
+        match self.steps.get(i) {
+            Some(s) if s.valid && !s.label => s.dims.clone(),
+            _ => Vec::new(),
+        }
+    }
+}
+
 impl Episode for DesktopEpisode {
     fn prompt(&self) -> String {
         self.task.prompt.clone()
@@ -823,10 +843,7 @@ impl Episode for DesktopEpisode {
 
     fn step(&mut self, action: &str) -> StepResult {
         if self.done {
-            return StepResult {
-                observation: String::new(),
-                done: true,
-            };
+            return StepResult::ended();
         }
         let dims = self.expert_dims();
         let before = self.distance;
@@ -841,10 +858,14 @@ impl Episode for DesktopEpisode {
             dims,
         });
         self.done = self.app.satisfied(&self.task.goal) || self.steps.len() >= self.max_steps;
-        StepResult {
-            observation: if self.done { String::new() } else { out.text },
-            done: self.done,
-        }
+        let i = self.steps.len() - 1;
+        StepResult::taken(
+            out.text,
+            self.done,
+            self.label_of(i),
+            self.dims_of(i),
+            self.blame_of(i),
+        )
     }
 
     fn done(&self) -> bool {
@@ -853,24 +874,6 @@ impl Episode for DesktopEpisode {
 
     fn outcome(&self) -> bool {
         self.app.satisfied(&self.task.goal)
-    }
-
-    fn oracle_label(&self, i: usize) -> bool {
-        self.steps.get(i).is_some_and(|s| s.label)
-    }
-
-    fn step_dims(&self, i: usize) -> Vec<usize> {
-        self.steps
-            .get(i)
-            .map(|s| s.dims.clone())
-            .unwrap_or_default()
-    }
-
-    fn oracle_blame(&self, i: usize) -> Vec<usize> {
-        match self.steps.get(i) {
-            Some(s) if s.valid && !s.label => s.dims.clone(),
-            _ => Vec::new(),
-        }
     }
 
     fn task_key(&self) -> String {

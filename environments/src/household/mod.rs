@@ -106,10 +106,10 @@
 //! seen ([`world::expert_choices`]: any unseen cupboard of a room that may hold the object,
 //! any unexplored room that may); the label changes nothing else.
 //!
-//! `step_dims(i)` is structural: what the expert's action at that state exercises — `go` →
+//! Step `i`'s `dims` is structural: what the expert's action at that state exercises — `go` →
 //! `rooms`, `open` → `search`, a device or the second object's `take`/`put` → `goal`;
-//! `hints` is never listed (it changes the evidence, not the action). `oracle_blame(i)` is
-//! `step_dims(i)` for a valid action that made no progress, and nothing for an invalid one.
+//! `hints` is never listed (it changes the evidence, not the action). Step `i`'s `blame` is
+//! step `i`'s `dims` for a valid action that made no progress, and nothing for an invalid one.
 //!
 //! # Flawed expert ([`Environment::demonstration`])
 //!
@@ -776,6 +776,38 @@ oven or fridge), `examine` (the held object, under the lamp) or `help`. After ea
 show what changed: a room as `name[contents]` for an open receptacle and `name?` for a shut \
 one, `holding OBJECT`, or `error: <why>`. The episode ends when the goal holds.";
 
+impl HouseholdEpisode {
+    fn label_of(&self, i: usize) -> bool {
+        self.steps.get(i).is_some_and(|s| s.label)
+    }
+
+    fn dims_of(&self, i: usize) -> Vec<usize> {
+        let Some(s) = self.steps.get(i) else {
+            return Vec::new();
+        };
+        let verb = s
+            .expert
+            .as_deref()
+            .and_then(|a| a.split_whitespace().next());
+        let second = matches!(self.task.goal, Goal::Put { count: 2, .. }) && s.placed >= 1;
+        match verb {
+            None => vec![ROOMS, SEARCH, GOAL],
+            Some("go") => vec![ROOMS],
+            Some("open") => vec![SEARCH],
+            Some("take" | "put") if second => vec![GOAL],
+            Some("take" | "put") => Vec::new(),
+            Some(_) => vec![GOAL],
+        }
+    }
+
+    fn blame_of(&self, i: usize) -> Vec<usize> {
+        match self.steps.get(i) {
+            Some(s) if s.valid && !s.label => self.dims_of(i),
+            _ => Vec::new(),
+        }
+    }
+}
+
 impl Episode for HouseholdEpisode {
     fn prompt(&self) -> String {
         self.task.prompt.clone()
@@ -787,10 +819,7 @@ impl Episode for HouseholdEpisode {
 
     fn step(&mut self, action: &str) -> StepResult {
         if self.done {
-            return StepResult {
-                observation: String::new(),
-                done: true,
-            };
+            return StepResult::ended();
         }
         let expert = self.expert_action();
         let choices = match self.label {
@@ -816,14 +845,14 @@ impl Episode for HouseholdEpisode {
         if self.list_actions {
             observation.push_str(&format!("\ncan: {}", self.world.admissible().join(", ")));
         }
-        StepResult {
-            observation: if self.done {
-                String::new()
-            } else {
-                observation
-            },
-            done: self.done,
-        }
+        let i = self.steps.len() - 1;
+        StepResult::taken(
+            observation,
+            self.done,
+            self.label_of(i),
+            self.dims_of(i),
+            self.blame_of(i),
+        )
     }
 
     fn done(&self) -> bool {
@@ -832,36 +861,6 @@ impl Episode for HouseholdEpisode {
 
     fn outcome(&self) -> bool {
         self.world.satisfied(self.task.goal)
-    }
-
-    fn oracle_label(&self, i: usize) -> bool {
-        self.steps.get(i).is_some_and(|s| s.label)
-    }
-
-    fn step_dims(&self, i: usize) -> Vec<usize> {
-        let Some(s) = self.steps.get(i) else {
-            return Vec::new();
-        };
-        let verb = s
-            .expert
-            .as_deref()
-            .and_then(|a| a.split_whitespace().next());
-        let second = matches!(self.task.goal, Goal::Put { count: 2, .. }) && s.placed >= 1;
-        match verb {
-            None => vec![ROOMS, SEARCH, GOAL],
-            Some("go") => vec![ROOMS],
-            Some("open") => vec![SEARCH],
-            Some("take" | "put") if second => vec![GOAL],
-            Some("take" | "put") => Vec::new(),
-            Some(_) => vec![GOAL],
-        }
-    }
-
-    fn oracle_blame(&self, i: usize) -> Vec<usize> {
-        match self.steps.get(i) {
-            Some(s) if s.valid && !s.label => self.step_dims(i),
-            _ => Vec::new(),
-        }
     }
 
     fn task_key(&self) -> String {

@@ -225,17 +225,17 @@ fn labels_blame_and_step_dims() {
     let r = ep.step("put basket");
     assert!(r.done && r.observation.is_empty() && ep.outcome());
     for (i, (a, label)) in steps.iter().enumerate() {
-        assert_eq!(ep.oracle_label(i), *label, "step {i}: {a}");
+        assert_eq!(ep.label_of(i), *label, "step {i}: {a}");
     }
-    assert!(ep.oracle_label(11));
-    assert!(!ep.oracle_label(12));
-    assert_eq!(ep.step_dims(0), vec![ROOMS]); // the expert would have gone to the bath
-    assert_eq!(ep.oracle_blame(0), vec![ROOMS]);
-    assert_eq!(ep.oracle_blame(2), Vec::<usize>::new()); // invalid: no blame
-    assert_eq!(ep.step_dims(5), vec![SEARCH]);
-    assert_eq!(ep.step_dims(7), Vec::<usize>::new());
-    assert_eq!(ep.step_dims(9), vec![GOAL]);
-    assert!(ep.oracle_blame(9).is_empty());
+    assert!(ep.label_of(11));
+    assert!(!ep.label_of(12));
+    assert_eq!(ep.dims_of(0), vec![ROOMS]); // the expert would have gone to the bath
+    assert_eq!(ep.blame_of(0), vec![ROOMS]);
+    assert_eq!(ep.blame_of(2), Vec::<usize>::new()); // invalid: no blame
+    assert_eq!(ep.dims_of(5), vec![SEARCH]);
+    assert_eq!(ep.dims_of(7), Vec::<usize>::new());
+    assert_eq!(ep.dims_of(9), vec![GOAL]);
+    assert!(ep.blame_of(9).is_empty());
     assert!(ep.step("go kitchen").done);
 }
 
@@ -253,7 +253,7 @@ fn the_expert_solves_every_sampled_task_with_every_step_progress() {
             solved += 1;
         }
         for s in 0..ep.steps_taken() {
-            assert!(ep.oracle_label(s), "task {i} step {s} not progress");
+            assert!(ep.label_of(s), "task {i} step {s} not progress");
         }
     }
     assert!(solved * 100 >= n * 99, "expert solved {solved}/{n}");
@@ -657,7 +657,7 @@ fn the_belief_label_accepts_every_equally_good_search_step() {
         ep.step("open fridge"); // the expert's own choice: right under both
         ep.step("open drawer"); // already open: invalid, wrong under both
         ep.step("take egg"); // right under both
-        let labels: Vec<bool> = (0..4).map(|i| ep.oracle_label(i)).collect();
+        let labels: Vec<bool> = (0..4).map(|i| ep.label_of(i)).collect();
         assert_eq!(labels, [drawer_right, true, false, true], "{label:?}");
     }
 }
@@ -685,15 +685,16 @@ fn the_belief_label_only_adds_right_steps() {
                     can[(rng.uniform() * can.len() as f64) as usize % can.len()].clone()
                 }
             };
-            assert_eq!(a.step(&act), b.step(&act));
+            let (ra, rb) = (a.step(&act), b.step(&act));
+            assert_eq!(
+                (&ra.observation, ra.done, &ra.dims),
+                (&rb.observation, rb.done, &rb.dims)
+            );
         }
         assert_eq!(a.outcome(), b.outcome());
         for i in 0..a.steps_taken() {
-            assert!(
-                !a.oracle_label(i) || b.oracle_label(i),
-                "seed {seed} step {i}"
-            );
-            more += usize::from(b.oracle_label(i) && !a.oracle_label(i));
+            assert!(!a.label_of(i) || b.label_of(i), "seed {seed} step {i}");
+            more += usize::from(b.label_of(i) && !a.label_of(i));
             total += 1;
         }
     }

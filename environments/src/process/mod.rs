@@ -14,7 +14,7 @@
 //! | build: difficulty space, eval grid   | `hello` (`name`, `dims`, `eval_levels`)          |
 //! | `sample(d, split, seed)`             | `reset` (`prompt`, `instructions`, `key`)        |
 //! | `Episode::step(action)`              | `step` (`observation`, `done`, `won`, `label`, `dims`, `blame`) |
-//! | `oracle_label`, `step_dims`, `oracle_blame`, `outcome` | nothing: kept from the `step` replies |
+//! | `outcome`                            | nothing: kept from the last `step` reply (`won`) |
 //! | `demonstration(d, noise, seed)`      | `reset` (for the prompt), `close`, `demo` (`actions`) |
 //! | the episode is dropped               | `close` (its reply is not waited for)            |
 //!
@@ -317,7 +317,6 @@ impl ProcessEnv {
             key: reset.key.unwrap_or_else(|| reset.prompt.clone()),
             prompt: reset.prompt,
             instructions: reset.instructions,
-            steps: Vec::new(),
             pending: None,
             done: false,
             won: false,
@@ -428,14 +427,6 @@ impl Environment for ProcessEnv {
     }
 }
 
-/// What one step's reply said, kept for the loop's later questions.
-#[derive(Debug, Clone, PartialEq)]
-struct StepInfo {
-    label: bool,
-    dims: Vec<usize>,
-    blame: Vec<usize>,
-}
-
 /// One episode living in a child.
 #[derive(Debug)]
 pub struct ProcessEpisode {
@@ -446,7 +437,6 @@ pub struct ProcessEpisode {
     prompt: String,
     instructions: Option<String>,
     key: String,
-    steps: Vec<StepInfo>,
     /// A `step` sent by [`Episode::submit`]: its action and the request.
     pending: Option<(String, Result<Sent, String>)>,
     done: bool,
@@ -465,7 +455,6 @@ impl ProcessEpisode {
             prompt: FAILED_PROMPT.to_owned(),
             instructions: None,
             key: FAILED_PROMPT.to_owned(),
-            steps: Vec::new(),
             pending: None,
             done: true,
             won: false,
@@ -487,10 +476,7 @@ impl ProcessEpisode {
     /// Like [`Episode::step`], with the reason when the call failed (the episode is then over).
     pub fn try_step(&mut self, action: &str) -> Result<StepResult, String> {
         if self.done {
-            return Ok(StepResult {
-                observation: String::new(),
-                done: true,
-            });
+            return Ok(StepResult::ended());
         }
         let Some(pool) = self.pool.clone() else {
             return Err("the episode has no environment process".into());
@@ -512,25 +498,20 @@ impl ProcessEpisode {
         });
         match result {
             Ok(s) => {
-                self.steps.push(StepInfo {
-                    label: s.label,
-                    dims: s.dims,
-                    blame: s.blame,
-                });
                 self.won = s.won;
                 self.done = s.done || s.won;
+                // The child's observation is kept even on the last step (a game's closing
+                // message is part of the episode's text).
                 Ok(StepResult {
                     observation: s.observation,
                     done: self.done,
+                    label: s.label,
+                    dims: s.dims,
+                    blame: s.blame,
                 })
             }
             Err(e) => {
                 pool.episode_failed();
-                self.steps.push(StepInfo {
-                    label: false,
-                    dims: Vec::new(),
-                    blame: Vec::new(),
-                });
                 self.done = true;
                 self.won = false;
                 self.error = Some(e.clone());
@@ -551,10 +532,8 @@ impl Episode for ProcessEpisode {
 
     /// The child's answer; a failed call ends the episode unsolved with an empty observation.
     fn step(&mut self, action: &str) -> StepResult {
-        self.try_step(action).unwrap_or(StepResult {
-            observation: String::new(),
-            done: true,
-        })
+        self.try_step(action)
+            .unwrap_or_else(|_| StepResult::ended())
     }
 
     /// Sends the `step` request; [`Episode::step`] with the same action awaits its reply.
@@ -573,18 +552,6 @@ impl Episode for ProcessEpisode {
 
     fn outcome(&self) -> bool {
         self.won
-    }
-
-    fn oracle_label(&self, i: usize) -> bool {
-        self.steps.get(i).is_some_and(|s| s.label)
-    }
-
-    fn step_dims(&self, i: usize) -> Vec<usize> {
-        self.steps.get(i).map_or_else(Vec::new, |s| s.dims.clone())
-    }
-
-    fn oracle_blame(&self, i: usize) -> Vec<usize> {
-        self.steps.get(i).map_or_else(Vec::new, |s| s.blame.clone())
     }
 
     fn task_key(&self) -> String {

@@ -1,0 +1,380 @@
+//! The contract every environment keeps, checked the same way for every one of them: the
+//! compiled-in environments (a test runs it on each) and an environment in another process
+//! (`rlany env process -- CMD`, which adds the protocol's own checks, see
+//! [`crate::process::conformance`]). `rlany env NAME --check` runs it for a user.
+//!
+//! 1. `space`: the difficulty space has at least one dimension, with distinct non-empty
+//!    names, and the evaluation grid is non-empty, inside `[0, 1]` and increasing.
+//! 2. `deterministic`: the same `(difficulty, split, seed)` twice gives the same prompt, key,
+//!    and — playing the expert's actions — the same answers (observation, done, label,
+//!    dimensions, blame).
+//! 3. `expert solves`: the expert (noise 0) solves its task at every eval-grid level, for a
+//!    few seeds, and the oracle labels every one of its steps right (where labels are
+//!    promised: a process environment may leave `label` out; then the share is shown).
+//! 4. `step answers`: on the expert's and a fully flawed expert's (noise 1) trajectories,
+//!    every step's dimensions and blame name dimensions of the space, a right step carries
+//!    no blame (compiled in; the loop ignores a process child's), the answer's `done` is the
+//!    episode's, and an action after the end is answered [`StepResult::ended`] (nothing
+//!    happens).
+//! 5. `any action`: an empty action, 500 characters of junk and non-ASCII text get answers
+//!    (wasted steps, not errors).
+//! 6. `splits`: the `ood` split gives other tasks than `train` for the same seeds, and
+//!    `eval` other tasks than `train`.
+//!
+//! Each check names what it saw; the first failure of a check is its detail.
+
+use rlany_framework::{Environment, Episode, Split, StepResult};
+
+/// Seeds each check samples.
+pub const SEEDS: [u64; 3] = [1, 2, 3];
+
+/// One check's result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Check {
+    /// The check's name.
+    pub name: &'static str,
+    /// Whether it passed.
+    pub ok: bool,
+    /// What was seen.
+    pub detail: String,
+}
+
+impl Check {
+    /// The check `name` with `result`'s detail.
+    pub fn new(name: &'static str, result: Result<String, String>) -> Self {
+        let (ok, detail) = match result {
+            Ok(detail) => (true, detail),
+            Err(detail) => (false, detail),
+        };
+        Self { name, ok, detail }
+    }
+}
+
+/// How the checks reach an environment. An environment compiled in cannot fail a call
+/// ([`Compiled`]); one in another process can, and says why (the check then fails with it).
+pub trait Subject {
+    /// The episodes it hands out.
+    type Episode: Episode;
+    /// Whether the oracle's fields are promised in full: a label on every step (so the
+    /// expert's steps must be labelled right) and no blame on a right step. A process
+    /// environment may leave `label` out, and the loop ignores blame sent on a right step.
+    const LABELS: bool;
+    /// The environment itself.
+    fn env(&self) -> &dyn Environment;
+    /// [`Environment::sample`], or why it failed.
+    fn sample(&self, d: &[f64], split: Split, seed: u64) -> Result<Self::Episode, String>;
+    /// [`Episode::step`], or why it failed.
+    fn step(&self, ep: &mut Self::Episode, action: &str) -> Result<StepResult, String>;
+    /// [`Environment::demonstration`], or why it failed.
+    fn demonstration(
+        &self,
+        d: &[f64],
+        noise: f64,
+        seed: u64,
+    ) -> Result<(String, Vec<String>), String>;
+}
+
+/// An environment compiled into this binary: its calls cannot fail.
+pub struct Compiled<'a>(pub &'a dyn Environment);
+
+impl Subject for Compiled<'_> {
+    type Episode = Box<dyn Episode>;
+    const LABELS: bool = true;
+    fn env(&self) -> &dyn Environment {
+        self.0
+    }
+    fn sample(&self, d: &[f64], split: Split, seed: u64) -> Result<Box<dyn Episode>, String> {
+        Ok(self.0.sample(d, split, seed))
+    }
+    fn step(&self, ep: &mut Box<dyn Episode>, action: &str) -> Result<StepResult, String> {
+        Ok(ep.step(action))
+    }
+    fn demonstration(
+        &self,
+        d: &[f64],
+        noise: f64,
+        seed: u64,
+    ) -> Result<(String, Vec<String>), String> {
+        Ok(self.0.demonstration(d, noise, seed))
+    }
+}
+
+/// One played episode: its prompt, key, every step's answer, and its outcome.
+#[derive(Debug, PartialEq)]
+struct Played {
+    prompt: String,
+    key: String,
+    steps: Vec<StepResult>,
+    outcome: bool,
+}
+
+/// Plays `actions` in the task `(d, split, seed)` until the episode ends.
+fn play<S: Subject>(
+    s: &S,
+    d: &[f64],
+    split: Split,
+    seed: u64,
+    actions: &[String],
+) -> Result<Played, String> {
+    let mut ep = s.sample(d, split, seed)?;
+    let mut steps = Vec::new();
+    for a in actions {
+        if ep.done() {
+            break;
+        }
+        steps.push(s.step(&mut ep, a)?);
+    }
+    Ok(Played {
+        prompt: ep.prompt(),
+        key: ep.task_key(),
+        steps,
+        outcome: ep.outcome(),
+    })
+}
+
+/// Runs checks 1–6 on `s`.
+pub fn run<S: Subject>(s: &S) -> Vec<Check> {
+    let dims = s.env().difficulty_space();
+    let levels = s.env().eval_levels();
+    let space = space(&dims, &levels);
+    let ok = space.is_ok();
+    let mut out = vec![Check::new("space", space)];
+    if !ok {
+        return out;
+    }
+    let grid = |level: f64| vec![level; dims.len()];
+    let (first, last, middle) = (
+        levels[0],
+        levels[levels.len() - 1],
+        levels[levels.len() / 2],
+    );
+    out.push(Check::new(
+        "deterministic",
+        (|| {
+            for level in [first, last] {
+                for split in [Split::Train, Split::Ood] {
+                    let seed = SEEDS[0];
+                    let (_, actions) = s.demonstration(&grid(level), 0.0, seed)?;
+                    let a = play(s, &grid(level), split, seed, &actions)?;
+                    let b = play(s, &grid(level), split, seed, &actions)?;
+                    if a != b {
+                        return Err(format!(
+                            "level {level}, {split:?}, seed {seed}: two resets differ:\n{a:?}\n{b:?}"
+                        ));
+                    }
+                }
+            }
+            Ok("the same task twice gives the same prompt and answers".into())
+        })(),
+    ));
+    out.push(Check::new(
+        "expert solves",
+        (|| {
+            let (mut solved, mut n, mut steps, mut right) = (0, 0, 0, 0);
+            let mut first_fail = None;
+            for &level in &levels {
+                for seed in SEEDS {
+                    let (_, actions) = s.demonstration(&grid(level), 0.0, seed)?;
+                    let p = play(s, &grid(level), Split::Train, seed, &actions)?;
+                    n += 1;
+                    steps += p.steps.len();
+                    right += p.steps.iter().filter(|r| r.label).count();
+                    let wrong = p.steps.iter().position(|r| !r.label).filter(|_| S::LABELS);
+                    if p.outcome && wrong.is_none() {
+                        solved += 1;
+                    } else if first_fail.is_none() {
+                        let why = match wrong {
+                            Some(i) => {
+                                format!("its step {} ({:?}) is labelled wrong", i + 1, actions[i])
+                            }
+                            None => "unsolved".to_string(),
+                        };
+                        first_fail =
+                            Some(format!("level {level}, seed {seed}: {why}; {actions:?}"));
+                    }
+                }
+            }
+            match first_fail {
+                None => Ok(format!(
+                    "{solved} of {n} tasks, {right} of {steps} steps labelled right, {:.1} \
+                     steps on average",
+                    steps as f64 / n as f64
+                )),
+                Some(f) => Err(format!("{solved} of {n} tasks; the first failure: {f}")),
+            }
+        })(),
+    ));
+    out.push(Check::new(
+        "step answers",
+        (|| {
+            let mut n = 0;
+            for noise in [0.0, 1.0] {
+                for &level in &[first, last] {
+                    for seed in SEEDS {
+                        let at = format!("level {level}, noise {noise}, seed {seed}");
+                        let (_, actions) = s.demonstration(&grid(level), noise, seed)?;
+                        let mut ep = s.sample(&grid(level), Split::Train, seed)?;
+                        for (i, a) in actions.iter().enumerate() {
+                            if ep.done() {
+                                break;
+                            }
+                            let r = s.step(&mut ep, a)?;
+                            n += 1;
+                            answer_ok(&r, dims.len(), S::LABELS)
+                                .map_err(|e| format!("{at}, step {} ({a:?}): {e}", i + 1))?;
+                            if r.done != ep.done() {
+                                return Err(format!(
+                                    "{at}, step {}: the answer says done = {}, the episode {}",
+                                    i + 1,
+                                    r.done,
+                                    ep.done()
+                                ));
+                            }
+                        }
+                        if ep.done() {
+                            let after = s.step(&mut ep, "x")?;
+                            if after != StepResult::ended() || !ep.done() {
+                                return Err(format!(
+                                    "{at}: an action after the end was answered {after:?}"
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+            Ok(format!(
+                "{n} answers name known dimensions, no right step is blamed, an ended episode \
+                 stays ended"
+            ))
+        })(),
+    ));
+    out.push(Check::new(
+        "any action",
+        (|| {
+            let junk = [
+                "".to_string(),
+                "#".repeat(500),
+                "é ☃ \u{7f} \"quoted\" \\".to_string(),
+            ];
+            let mut ep = s.sample(&grid(first), Split::Train, SEEDS[0])?;
+            for a in &junk {
+                if ep.done() {
+                    break;
+                }
+                s.step(&mut ep, a)
+                    .map_err(|e| format!("action {:.20?}: {e}", a))?;
+            }
+            Ok("an empty, a 500-character and a non-ASCII action were answered".into())
+        })(),
+    ));
+    out.push(Check::new(
+        "splits",
+        (|| {
+            let mut differ = [0; 2];
+            for seed in SEEDS {
+                let key = |split| s.sample(&grid(middle), split, seed).map(|e| e.task_key());
+                let train = key(Split::Train)?;
+                differ[0] += usize::from(key(Split::Eval)? != train);
+                differ[1] += usize::from(key(Split::Ood)? != train);
+            }
+            if differ.contains(&0) {
+                Err(format!(
+                    "for seeds {SEEDS:?}, eval differs from train {} times, ood {} times",
+                    differ[0], differ[1]
+                ))
+            } else {
+                Ok(format!(
+                    "eval differs from train on {} of {n} seeds, ood on {} of {n}",
+                    differ[0],
+                    differ[1],
+                    n = SEEDS.len()
+                ))
+            }
+        })(),
+    ));
+    out
+}
+
+/// Check 1: the space and the grid.
+fn space(dims: &[rlany_framework::Dim], levels: &[f64]) -> Result<String, String> {
+    if dims.is_empty() {
+        return Err("the difficulty space has no dimension".into());
+    }
+    for (i, d) in dims.iter().enumerate() {
+        if d.name.trim().is_empty() {
+            return Err(format!("dimension {i} has no name"));
+        }
+        if dims[..i].iter().any(|e| e.name == d.name) {
+            return Err(format!("two dimensions are named `{}`", d.name));
+        }
+    }
+    if levels.is_empty()
+        || levels.iter().any(|l| !(0.0..=1.0).contains(l))
+        || levels.windows(2).any(|w| w[0] >= w[1])
+    {
+        return Err(format!(
+            "the eval grid {levels:?} must be non-empty, in [0, 1] and increasing"
+        ));
+    }
+    let names: Vec<&str> = dims.iter().map(|d| d.name.as_str()).collect();
+    Ok(format!(
+        "{} dims ({}), eval grid {levels:?}",
+        dims.len(),
+        names.join(", ")
+    ))
+}
+
+/// Check 4 on one answer: dimensions inside the space, no blame on a right step (`strict`).
+fn answer_ok(r: &StepResult, n_dims: usize, strict: bool) -> Result<(), String> {
+    if let Some(d) = r.dims.iter().chain(&r.blame).find(|&&d| d >= n_dims) {
+        return Err(format!(
+            "names dimension {d}; the space has {n_dims} ({r:?})"
+        ));
+    }
+    if strict && r.label && !r.blame.is_empty() {
+        return Err(format!("a right step carries blame {:?}", r.blame));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugins_for_tests;
+
+    /// Every compiled-in environment keeps the contract, at its default settings.
+    #[test]
+    fn every_compiled_in_environment_passes_the_checks() {
+        for (name, env) in plugins_for_tests() {
+            let checks = run(&Compiled(env.as_ref()));
+            assert_eq!(checks.len(), 6, "{name}");
+            for c in &checks {
+                assert!(c.ok, "{name}: {} failed: {}", c.name, c.detail);
+            }
+        }
+    }
+
+    /// An environment that breaks the contract fails the check that says so.
+    #[test]
+    fn a_blamed_right_step_and_an_unknown_dimension_fail_step_answers() {
+        let mut r = StepResult::taken("o".into(), false, true, vec![0], Vec::new());
+        assert!(answer_ok(&r, 1, true).is_ok());
+        r.blame = vec![0];
+        assert!(
+            answer_ok(&r, 1, true)
+                .expect_err("refused")
+                .contains("right step carries blame")
+        );
+        assert!(
+            answer_ok(&r, 1, false).is_ok(),
+            "a process child's is ignored"
+        );
+        r.blame.clear();
+        r.dims = vec![3];
+        assert!(
+            answer_ok(&r, 2, false)
+                .expect_err("refused")
+                .contains("names dimension 3")
+        );
+    }
+}
