@@ -10,9 +10,10 @@
 use crate::advantage::accuracy;
 use crate::env::{Difficulty, Environment, Split};
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
-use crate::placement::{Placement, PlacementError};
+use crate::placement::PlacementError;
 use crate::rng::Rng;
 use crate::rollout::{Trajectory, rollout_sharded};
+use crate::shard::Spread;
 use burn::prelude::Backend;
 
 /// Accuracy and trajectories of one evaluation split.
@@ -49,10 +50,8 @@ pub struct EvalSpec<'a> {
     pub max_env_steps: usize,
     /// Choose tokens on the device ([`SampleParams::on_device`]).
     pub on_device: bool,
-    /// Data-parallel shards: the tasks are played in this many groups, a thread each.
-    pub shards: usize,
-    /// Which peers play them.
-    pub placement: &'a Placement,
+    /// Where the tasks are played: in `shards` groups, a thread each, over the peers.
+    pub spread: &'a Spread,
 }
 
 /// The eval grid's points: each level on every one of `dims` dimensions (0.5 everywhere
@@ -89,8 +88,7 @@ pub fn evaluate<B: Backend, M: CausalLm<B>>(
         max_step_tokens,
         max_env_steps,
         on_device,
-        shards,
-        placement,
+        spread,
     } = *spec;
     let mut task_rng = Rng::derive(seed, stream);
     let tasks: Vec<_> = (0..n)
@@ -119,8 +117,7 @@ pub fn evaluate<B: Backend, M: CausalLm<B>>(
         &params,
         max_env_steps,
         &mut rng,
-        shards,
-        placement,
+        spread,
     )?;
     let outcomes: Vec<bool> = trajectories.iter().map(|t| t.outcome).collect();
     let labels: Vec<bool> = trajectories

@@ -18,11 +18,12 @@
 use crate::env::{Environment, Split};
 use crate::experiment::JudgeHistory;
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
-use crate::placement::{Placement, PlacementError};
+use crate::placement::PlacementError;
 use crate::reward::Verdict;
 use crate::rng::Rng;
 use crate::rollout::{Trajectory, replay_demonstration, rollout};
 use crate::sampling::Sampler;
+use crate::shard::Spread;
 use burn::prelude::*;
 
 /// One judged policy step: the judge's prompt, its `m` sampled tokens and verdicts.
@@ -127,18 +128,24 @@ pub fn parse_verdict(tok: &dyn Tokenizer, token: u32) -> Verdict {
     }
 }
 
-/// Judges every step of `trajs` `votes` times at `temperature`, in one batched call.
-#[allow(clippy::too_many_arguments)]
+/// How many verdicts each step gets, drawn at which temperature.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Voting {
+    /// Verdicts per step (`m`).
+    pub votes: usize,
+    /// The sampling temperature of each verdict.
+    pub temperature: f64,
+}
+
+/// Judges every step of `trajs` as `voting` says, in one batched call.
 pub fn judge_steps<B: Backend, M: CausalLm<B>>(
     judge: &M,
     tok: &dyn Tokenizer,
     history: JudgeHistory,
     trajs: &[Trajectory],
-    votes: usize,
-    temperature: f64,
+    voting: Voting,
     rng: &mut Rng,
-    shards: usize,
-    placement: &Placement,
+    spread: &Spread,
 ) -> Result<Vec<JudgedStep>, PlacementError> {
     let layout = PromptLayout {
         max_len: judge.max_seq_len(),
@@ -151,40 +158,29 @@ pub fn judge_steps<B: Backend, M: CausalLm<B>>(
                 traj: ti,
                 step: si,
                 prompt: encode_prompt(tok, t, si, &layout),
-                tokens: Vec::with_capacity(votes),
-                verdicts: Vec::with_capacity(votes),
+                tokens: Vec::with_capacity(voting.votes),
+                verdicts: Vec::with_capacity(voting.votes),
             });
         }
     }
-    cast_votes(
-        judge,
-        tok,
-        &mut judged,
-        votes,
-        temperature,
-        rng,
-        shards,
-        placement,
-    )?;
+    cast_votes(judge, tok, &mut judged, voting, rng, spread)?;
     Ok(judged)
 }
 
-/// Fills each judged step's `votes` tokens and verdicts. With `shards > 1` each pass's
+/// Fills each judged step's `voting.votes` tokens and verdicts. With `shards > 1` each pass's
 /// prompts are split into that many groups whose logits are computed on their own threads;
 /// a row's logits do not depend on the rows beside it, and the votes are drawn afterwards
 /// in prompt order, so the verdicts are those of one thread. Spread over a placement's peers,
 /// each computes its groups' logits and every peer draws every vote.
-#[allow(clippy::too_many_arguments)]
 fn cast_votes<B: Backend, M: CausalLm<B>>(
     judge: &M,
     tok: &dyn Tokenizer,
     judged: &mut [JudgedStep],
-    votes: usize,
-    temperature: f64,
+    voting: Voting,
     rng: &mut Rng,
-    shards: usize,
-    placement: &Placement,
+    spread: &Spread,
 ) -> Result<(), PlacementError> {
+    let Voting { votes, temperature } = voting;
     if judged.is_empty() || votes == 0 {
         return Ok(());
     }
@@ -206,14 +202,16 @@ fn cast_votes<B: Backend, M: CausalLm<B>>(
     let rows = (VOTE_TOKENS / longest).clamp(1, VOTE_BATCH);
     for chunk in judged.chunks_mut(rows) {
         let prompts: Vec<&[u32]> = chunk.iter().map(|j| j.prompt.as_slice()).collect();
-        let groups: Vec<_> = crate::shard::ranges(prompts.len(), shards)
+        let groups: Vec<_> = crate::shard::ranges(prompts.len(), spread.shards)
             .into_iter()
             .map(|r| (judge.clone(), &prompts[r]))
             .collect();
-        let rows =
-            crate::shard::map_placed_rows(placement, groups, "judge logits", |(model, group)| {
-                last_logits(&model, group, tok.pad(), &device)
-            })?;
+        let rows = crate::shard::map_placed_rows(
+            &spread.placement,
+            groups,
+            "judge logits",
+            |(model, group)| last_logits(&model, group, tok.pad(), &device),
+        )?;
         for (j, row) in chunk.iter_mut().zip(rows) {
             for _ in 0..votes {
                 let (token, _) = sampler.sample(&row, temperature, 1.0, rng);
@@ -374,16 +372,13 @@ pub fn labelled_pool(
 }
 
 /// The judge's majority verdicts on labelled prompts (one entry per prompt).
-#[allow(clippy::too_many_arguments)]
 pub fn judge_prompts<B: Backend, M: CausalLm<B>>(
     judge: &M,
     tok: &dyn Tokenizer,
     prompts: &[(Vec<u32>, bool)],
-    votes: usize,
-    temperature: f64,
+    voting: Voting,
     rng: &mut Rng,
-    shards: usize,
-    placement: &Placement,
+    spread: &Spread,
 ) -> Result<Vec<JudgedStep>, PlacementError> {
     let mut judged: Vec<JudgedStep> = prompts
         .iter()
@@ -392,20 +387,11 @@ pub fn judge_prompts<B: Backend, M: CausalLm<B>>(
             traj: i,
             step: 0,
             prompt: prompt.clone(),
-            tokens: Vec::with_capacity(votes),
-            verdicts: Vec::with_capacity(votes),
+            tokens: Vec::with_capacity(voting.votes),
+            verdicts: Vec::with_capacity(voting.votes),
         })
         .collect();
-    cast_votes(
-        judge,
-        tok,
-        &mut judged,
-        votes,
-        temperature,
-        rng,
-        shards,
-        placement,
-    )?;
+    cast_votes(judge, tok, &mut judged, voting, rng, spread)?;
     Ok(judged)
 }
 

@@ -5,8 +5,9 @@
 
 use crate::env::{Environment, Episode, Split, StepResult};
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
-use crate::placement::{Placement, PlacementError};
+use crate::placement::PlacementError;
 use crate::rng::Rng;
+use crate::shard::Spread;
 use burn::prelude::Backend;
 use serde::{Deserialize, Serialize};
 
@@ -164,7 +165,6 @@ pub fn rollout<B: Backend, M: CausalLm<B>>(
 /// shard is [`rollout`] itself, drawing from `rng` directly. Spread over a placement's peers,
 /// each peer plays its share of the groups (the others' episodes are never stepped) and every
 /// peer gets every trajectory.
-#[allow(clippy::too_many_arguments)]
 pub fn rollout_sharded<B: Backend, M: CausalLm<B>>(
     model: &M,
     tok: &dyn Tokenizer,
@@ -172,9 +172,10 @@ pub fn rollout_sharded<B: Backend, M: CausalLm<B>>(
     params: &SampleParams,
     max_env_steps: usize,
     rng: &mut Rng,
-    shards: usize,
-    placement: &Placement,
+    spread: &Spread,
 ) -> Result<Vec<Trajectory>, PlacementError> {
+    let Spread { shards, placement } = spread;
+    let shards = *shards;
     if shards <= 1 || episodes.len() < 2 {
         return Ok(rollout(model, tok, episodes, params, max_env_steps, rng));
     }

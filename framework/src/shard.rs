@@ -27,6 +27,26 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 
+/// Where a phase's work runs: `shards` row groups, each on its own thread, spread over the
+/// peers of `placement`. One value per run, passed whole to every phase that splits work
+/// (rollouts, judging, evaluation, the updates).
+#[derive(Debug, Clone)]
+pub struct Spread {
+    /// Row groups, each on its own thread (1: one group, one thread).
+    pub shards: usize,
+    /// Which peers compute the groups (the default: this process alone).
+    pub placement: Placement,
+}
+
+impl Default for Spread {
+    fn default() -> Self {
+        Self {
+            shards: 1,
+            placement: Placement::default(),
+        }
+    }
+}
+
 /// `rows` split into at most `shards` contiguous, non-empty ranges whose sizes differ by at
 /// most one (the first ones are the longer).
 pub fn ranges(rows: usize, shards: usize) -> Vec<Range<usize>> {

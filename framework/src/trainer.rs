@@ -26,7 +26,7 @@ use crate::eval::{EvalSpec, evaluate};
 use crate::experiment::{
     Budget, Experiment, JudgeSpec, KlTarget, LabelSource, PpoSpec, RewardSpec, Sampling, WarmStart,
 };
-use crate::judge;
+use crate::judge::{self, Voting};
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
 use crate::placement::{Placement, PlacementError, checksum};
 use crate::plugin::{AdaptationChoice, EnvironmentChoice};
@@ -35,6 +35,7 @@ use crate::progress;
 use crate::rng::Rng;
 use crate::rollout::rollout_sharded;
 use crate::rundir::{Metrics, RunDir, RunDirError};
+use crate::shard::Spread;
 use crate::step::{self, StepBatch};
 use crate::synthetic_judge::SyntheticJudge;
 use crate::warmcache::{self, WarmCache};
@@ -429,6 +430,8 @@ struct Run<'a, B: AutodiffLogProbOps, M: AutodiffModule<B>> {
     env_seen: crate::env::EnvHealth,
     /// Names of the environment's difficulty dimensions.
     dims: Vec<String>,
+    /// Where every phase's work runs (the experiment's shards over the run's placement).
+    spread: Spread,
 }
 
 impl<'a, B, M> Run<'a, B, M>
@@ -469,7 +472,6 @@ where
             .oracle()
             .map(|o| SyntheticJudge::new(o.p_pos, o.p_neg, cfg.reward.votes));
         Self {
-            cfg,
             seed,
             env,
             tok,
@@ -490,6 +492,11 @@ where
             summary: RunSummary::default(),
             env_seen: crate::env::EnvHealth::default(),
             dims,
+            spread: Spread {
+                shards: cfg.shards,
+                placement: opts.placement.clone(),
+            },
+            cfg,
         }
     }
 
@@ -526,8 +533,10 @@ where
                     label: "warm start",
                     progress: opts.progress,
                     kernels: cfg.kernels,
-                    shards: cfg.shards,
-                    placement: opts.placement.clone(),
+                    spread: Spread {
+                        shards: cfg.shards,
+                        placement: opts.placement.clone(),
+                    },
                 };
                 let (policy, loss) = warm_start(
                     fresh,
@@ -649,8 +658,7 @@ where
             label: "judge warm",
             progress: self.opts.progress,
             kernels: self.cfg.kernels,
-            shards: self.cfg.shards,
-            placement: self.opts.placement.clone(),
+            spread: self.spread.clone(),
         };
         // Class-balanced batches alternate a right-labelled and a wrong-labelled example
         // (when both classes exist); otherwise examples are drawn uniformly.
@@ -737,8 +745,7 @@ where
             &self.params,
             self.cfg.budget.max_env_steps,
             &mut self.state.rollout_rng,
-            self.cfg.shards,
-            &self.opts.placement,
+            &self.spread,
         )?;
         pb.finish_and_clear();
         batch.timings.rollout_s = t.elapsed().as_secs_f64();
@@ -781,11 +788,12 @@ where
                     self.tok,
                     spec.history,
                     &kept,
-                    self.cfg.reward.votes,
-                    spec.temperature,
+                    Voting {
+                        votes: self.cfg.reward.votes,
+                        temperature: spec.temperature,
+                    },
                     rng,
-                    self.cfg.shards,
-                    &self.opts.placement,
+                    &self.spread,
                 )?,
                 (_, _, Some(s)) => s.judge_steps(&kept, rng),
                 _ => Vec::new(),
@@ -821,9 +829,10 @@ where
             minibatches: ppo.policy_updates,
             pad: self.tok.pad(),
             kernels: self.cfg.kernels,
-            shards: self.cfg.shards,
-            placement: self.opts.placement.clone(),
+            spread: self.spread.clone(),
             micro_batch: ppo.micro_batch,
+            label: "update",
+            progress: self.opts.progress,
         }
     }
 
@@ -838,8 +847,6 @@ where
             &batch.policy_samples,
             &params,
             &mut self.state.policy_mb_rng,
-            "update",
-            self.opts.progress,
             self.device,
         )
         .map_err(non_finite(batch.step, "policy"))?;
@@ -862,6 +869,7 @@ where
         let params = UpdateParams {
             lr: spec.lr,
             minibatches: self.cfg.ppo.judge_updates,
+            label: "judge update",
             ..self.update_params()
         };
         let (judge, stats) = ppo_update(
@@ -871,8 +879,6 @@ where
             &batch.judge_samples,
             &params,
             &mut self.state.judge_mb_rng,
-            "judge update",
-            self.opts.progress,
             self.device,
         )
         .map_err(non_finite(batch.step, "judge"))?;
@@ -1106,8 +1112,7 @@ where
                 max_step_tokens: mst,
                 max_env_steps: b.max_env_steps,
                 on_device: self.cfg.sample_on_device,
-                shards: self.cfg.shards,
-                placement: &self.opts.placement,
+                spread: &self.spread,
             };
             evaluate(&policy, self.env, self.tok, &spec)
         };
@@ -1144,16 +1149,17 @@ where
             // A stream per evaluation step: evaluations never disturb the training streams.
             let mut rng = Rng::derive(seed ^ step as u64, "judge-eval");
             let judge = j.valid();
-            let votes = self.cfg.reward.votes;
+            let voting = Voting {
+                votes: self.cfg.reward.votes,
+                temperature: spec.temperature,
+            };
             let pool = judge::judge_prompts(
                 &judge,
                 self.tok,
                 &self.judge_pool,
-                votes,
-                spec.temperature,
+                voting,
                 &mut rng,
-                self.cfg.shards,
-                &self.opts.placement,
+                &self.spread,
             )?;
             self.judge_quality(m, &pool);
             // Verdicts on the two in-domain samples written below.
@@ -1162,11 +1168,9 @@ where
                 self.tok,
                 spec.history,
                 shown,
-                votes,
-                spec.temperature,
+                voting,
                 &mut rng,
-                self.cfg.shards,
-                &self.opts.placement,
+                &self.spread,
             )?;
         } else if let Some(s) = &self.synthetic {
             let mut rng = Rng::derive(seed ^ step as u64, "judge-eval");

@@ -8,12 +8,12 @@ use crate::batch::{at_positions, scored_logprobs, scored_positions, token_batch}
 use crate::env::Environment;
 use crate::experiment::WarmStart;
 use crate::lm::{CausalLm, Tokenizer};
-use crate::placement::Placement;
 use crate::ppo::clip as optim;
 use crate::ppo::{NonFinite, UpdateError};
 use crate::progress;
 use crate::rng::Rng;
 use crate::rollout::replay_demonstration;
+use crate::shard::Spread;
 use burn::module::AutodiffModule;
 use burn::optim::AdamWConfig;
 use burn::prelude::*;
@@ -72,10 +72,8 @@ pub struct SftOptions {
     pub progress: bool,
     /// Fused kernels or the reference composition for the token log-probs.
     pub kernels: KernelChoice,
-    /// Data-parallel shards per batch, each on its own thread (1: one batch, one thread).
-    pub shards: usize,
-    /// Which peers compute the shards.
-    pub placement: Placement,
+    /// Where each batch runs: in `shards` row groups, a thread each, over the peers.
+    pub spread: Spread,
 }
 
 /// Runs `spec.steps` AdamW steps of supervised fine-tuning on fresh demonstrations and returns
@@ -126,8 +124,7 @@ where
         label,
         progress: show_progress,
         kernels,
-        shards,
-        ref placement,
+        ref spread,
     } = *opts;
     let pad = tok.pad();
     let mut optim = AdamWConfig::new().with_weight_decay(0.0).init::<B, M>();
@@ -151,12 +148,12 @@ where
             .max(1) as f32;
         let lr_now = lr * (1.0 - 0.9 * step as f64 / steps.max(1) as f64);
         // One group per shard; one shard runs on `model` itself, on this thread.
-        let inputs: Vec<_> = crate::shard::ranges(examples.len(), shards)
+        let inputs: Vec<_> = crate::shard::ranges(examples.len(), spread.shards)
             .into_iter()
             .map(|r| &examples[r])
             .collect();
         let (grads, values) =
-            crate::shard::grads_placed(placement, &model, inputs, |m: &M, rows| {
+            crate::shard::grads_placed(&spread.placement, &model, inputs, |m: &M, rows| {
                 sft_loss(m, rows, n, pad, kernels, device)
             })?;
         last = values.iter().sum();

@@ -1308,6 +1308,7 @@ fn shards_compute_what_one_batch_does() {
     use burn::module::AutodiffModule;
     use rlany_framework::experiment::KlEstimator;
     use rlany_framework::ppo::{Sample, Unit, UpdateParams, ppo_update};
+    use rlany_framework::shard::Spread;
     use rlany_framework::warmstart::{SftOptions, supervised};
     use rlany_framework::{Rng, SampleParams, Tokenizer};
     use rlany_kernels::KernelChoice;
@@ -1354,9 +1355,13 @@ fn shards_compute_what_one_batch_does() {
             minibatches: 2,
             pad: tok.pad(),
             kernels: KernelChoice::Fused,
-            shards,
-            placement: Default::default(),
+            spread: Spread {
+                shards,
+                ..Spread::default()
+            },
             micro_batch,
+            label: "test",
+            progress: false,
         };
         let (m, stats) = ppo_update(
             model.clone(),
@@ -1365,8 +1370,6 @@ fn shards_compute_what_one_batch_does() {
             &samples,
             &params,
             &mut Rng::derive(5, "minibatches"),
-            "test",
-            false,
             &device,
         )
         .expect("finite");
@@ -1410,8 +1413,10 @@ fn shards_compute_what_one_batch_does() {
             label: "test",
             progress: false,
             kernels: KernelChoice::Fused,
-            shards,
-            placement: Default::default(),
+            spread: Spread {
+                shards,
+                ..Spread::default()
+            },
         };
         let (m, loss) =
             supervised(model.clone(), &tok, &opts, &device, |_| examples.clone()).expect("finite");
@@ -1451,8 +1456,10 @@ fn shards_compute_what_one_batch_does() {
             &params,
             3,
             &mut Rng::derive(5, "rollout"),
-            shards,
-            &Default::default(),
+            &Spread {
+                shards,
+                ..Spread::default()
+            },
         )
         .expect("one peer")
     };
@@ -1472,11 +1479,15 @@ fn shards_compute_what_one_batch_does() {
             &tok,
             Default::default(),
             &trajs,
-            3,
-            1.0,
+            rlany_framework::judge::Voting {
+                votes: 3,
+                temperature: 1.0,
+            },
             &mut Rng::derive(5, "judge"),
-            shards,
-            &Default::default(),
+            &Spread {
+                shards,
+                ..Spread::default()
+            },
         )
         .expect("one peer")
         .into_iter()

@@ -12,10 +12,11 @@ use crate::batch::{
 };
 use crate::experiment::KlEstimator;
 use crate::lm::CausalLm;
-use crate::placement::{Placement, PlacementError};
+use crate::placement::PlacementError;
 use crate::ppo::loss::{KlTerm, ppo_loss};
 use crate::progress;
 use crate::rng::Rng;
+use crate::shard::Spread;
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
 use burn::prelude::*;
@@ -60,13 +61,16 @@ pub struct UpdateParams {
     pub pad: u32,
     /// Fused kernels or the reference composition for the token log-probs.
     pub kernels: rlany_kernels::KernelChoice,
-    /// Data-parallel shards per minibatch, each on its own thread (see [`crate::shard`]).
-    pub shards: usize,
-    /// Which peers compute the shards.
-    pub placement: Placement,
+    /// Where each minibatch runs: in `shards` row groups, a thread each (see
+    /// [`crate::shard`]), over the peers.
+    pub spread: Spread,
     /// Most rows in one forward and backward pass (0: no limit); a minibatch with more is
     /// split into row groups accumulated `shards` at a time.
     pub micro_batch: usize,
+    /// The progress bar's label.
+    pub label: &'static str,
+    /// Show a progress bar.
+    pub progress: bool,
 }
 
 /// Means over the minibatches of one update phase.
@@ -123,7 +127,6 @@ impl From<PlacementError> for UpdateError {
 /// optimiser step has moved the model yet, and nothing in a forward is random (no dropout),
 /// so they are the same values, and one forward of the rows is saved. Later minibatches
 /// forward a snapshot of the model taken before the first step.
-#[allow(clippy::too_many_arguments)]
 pub fn ppo_update<B, M, O>(
     mut model: M,
     optim: &mut O,
@@ -131,8 +134,6 @@ pub fn ppo_update<B, M, O>(
     samples: &[Sample],
     params: &UpdateParams,
     rng: &mut Rng,
-    label: &str,
-    show_progress: bool,
     device: &B::Device,
 ) -> Result<(M, Option<UpdateStats>), UpdateError>
 where
@@ -154,7 +155,11 @@ where
     let mut entropy = (0.0, 0.0);
     // The old policy for the minibatches after the first optimiser step.
     let snapshot = (n_mb > 1).then(|| model.valid());
-    let mut pb = progress::bar(order.chunks(mb_size).len() as u64, label, show_progress);
+    let mut pb = progress::bar(
+        order.chunks(mb_size).len() as u64,
+        params.label,
+        params.progress,
+    );
     for (k, mb) in order.chunks(mb_size).enumerate() {
         let mut rows: Vec<&Sample> = mb.iter().map(|&i| &samples[i]).collect();
         // In token order, so the rows a group holds share the longest prefix (a task's
@@ -167,17 +172,17 @@ where
         // One group per shard, or more when `micro_batch` caps a group's rows; a single
         // group runs on `model` itself, on this thread.
         let groups = match params.micro_batch {
-            0 => params.shards,
-            m => params.shards.max(rows.len().div_ceil(m)),
+            0 => params.spread.shards,
+            m => params.spread.shards.max(rows.len().div_ceil(m)),
         };
         let old = if first { None } else { snapshot.as_ref() };
         let inputs: Vec<_> = crate::shard::ranges(rows.len(), groups)
             .into_iter()
             .map(|r| (&rows[r], old.cloned(), reference.cloned()))
             .collect();
-        let threads = params.shards;
+        let threads = params.spread.shards;
         let (grads, parts) = crate::shard::grads_in_waves(
-            &params.placement,
+            &params.spread.placement,
             &model,
             inputs,
             threads,
@@ -189,7 +194,6 @@ where
                     rows,
                     n_units,
                     params,
-                    first,
                     device,
                 )
             },
@@ -255,7 +259,6 @@ struct Part {
 /// each, `n_units` counted over the whole minibatch) and its diagnostics. `old` produced the
 /// samples (`None`: `model` itself, not yet stepped); `reference` is the KL's (`None`: the
 /// old policy).
-#[allow(clippy::too_many_arguments)]
 fn minibatch_loss<B, M>(
     model: &M,
     old: Option<&M::InnerModule>,
@@ -263,7 +266,6 @@ fn minibatch_loss<B, M>(
     rows: &[&Sample],
     n_units: usize,
     params: &UpdateParams,
-    want_entropy: bool,
     device: &B::Device,
 ) -> (Tensor<B, 1>, Part)
 where
@@ -295,7 +297,8 @@ where
         Some(old) => old.logits_at(inner.inputs.clone(), &positions),
         None => new_logits.clone().inner(),
     };
-    let entropy = if want_entropy {
+    // The first minibatch's (`old` is `None` there alone) entropy, before any step.
+    let entropy = if old.is_none() {
         entropy_sum(old_logits.clone(), &weight)
     } else {
         (0.0, 0.0)
