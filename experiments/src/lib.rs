@@ -22,7 +22,6 @@ use burn::backend::Autodiff;
 use clap::{Parser, Subcommand};
 pub use plugins::{AdaptationSpec, EnvironmentSpec, Experiment};
 use rlany_framework::adapt::{self, Proposer};
-use rlany_framework::checkpoint;
 use rlany_framework::experiment::{ModelSource, ModelSpec, WeightDType};
 use rlany_framework::plugin::{AdaptationChoice, EnvironmentChoice, ProposerContext};
 use rlany_framework::{
@@ -806,7 +805,7 @@ pub fn meta_json(exp: &Experiment, seed: u64, file: &Path) -> serde_json::Value 
         "seed": seed,
         "backend": format!("{:?}", exp.backend),
         "git_sha": git_sha,
-        "cargo_lock_fnv64": checkpoint::checksum(include_bytes!("../../Cargo.lock")),
+        "cargo_lock_sha256": rlany_framework::digest::content_key(include_bytes!("../../Cargo.lock")),
         "start_unix_s": now,
         "start_utc": utc(now),
         "rlany_version": env!("CARGO_PKG_VERSION"),

@@ -67,12 +67,20 @@ pub enum CheckpointError {
 /// The file in every checkpoint that lists the checksum of each of its other files.
 pub const CHECKSUMS: &str = "checksums.json";
 
-/// FNV-1a (64-bit) of a file's bytes, as 16 hex digits: detects flipped or truncated bytes.
+/// The checksum of a file's bytes: its SHA-256 ([`crate::digest::content_key`]), detecting
+/// flipped or truncated bytes.
 pub fn checksum(bytes: &[u8]) -> String {
-    let h = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    format!("{h:016x}")
+    crate::digest::content_key(bytes)
+}
+
+/// Whether `bytes` match the checksum `want`: a SHA-256, or the 16-hex-digit FNV-1a that
+/// checkpoints written before SHA-256 carry (they still load).
+fn matches(bytes: &[u8], want: &str) -> bool {
+    if want.len() == 16 {
+        format!("{:016x}", crate::digest::Fnv1a::of(bytes)) == want
+    } else {
+        checksum(bytes) == want
+    }
 }
 
 /// Every checkpoint under `dir` (the run's `checkpoints/`), oldest first.
@@ -249,12 +257,10 @@ impl Reader {
         for (name, want) in &sums {
             let f = dir.join(name);
             let bytes = fs::read(&f).map_err(|e| damaged(f.clone(), e.to_string()))?;
-            let got = checksum(&bytes);
-            if want.as_str() != Some(got.as_str()) {
-                return Err(damaged(
-                    f,
-                    format!("checksum {got}, expected {}", want.as_str().unwrap_or("?")),
-                ));
+            let want = want.as_str().unwrap_or("?");
+            if !matches(&bytes, want) {
+                let got = checksum(&bytes);
+                return Err(damaged(f, format!("checksum {got}, expected {want}")));
             }
         }
         for required in ["state.json"] {
@@ -554,8 +560,13 @@ mod tests {
 
     #[test]
     fn checksum_hand_computed() {
-        // FNV-1a 64 of the empty input is the offset basis; of "a" a known value.
-        assert_eq!(checksum(b""), "cbf29ce484222325");
-        assert_eq!(checksum(b"a"), "af63dc4c8601ec8c");
+        // SHA-256 of the empty input; an older checkpoint's FNV-1a of "a" still matches.
+        assert_eq!(
+            checksum(b""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        assert!(matches(b"a", "af63dc4c8601ec8c"));
+        assert!(!matches(b"b", "af63dc4c8601ec8c"));
+        assert!(matches(b"", &checksum(b"")));
     }
 }

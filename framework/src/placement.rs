@@ -243,7 +243,7 @@ impl Placement {
 /// FNV-1a over the bits of every trainable (gradient-requiring) parameter of `module`, in
 /// visiting order: equal replicas give equal checksums.
 pub fn checksum<B: Backend, M: Module<B>>(module: &M) -> u64 {
-    struct Fnv(u64);
+    struct Fnv(crate::digest::Fnv1a);
     impl<B: Backend> ModuleVisitor<B> for Fnv {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             let t = param.val();
@@ -252,15 +252,13 @@ pub fn checksum<B: Backend, M: Module<B>>(module: &M) -> u64 {
             }
             let data = t.into_data().convert::<f32>();
             for &x in data.as_slice::<f32>().unwrap_or(&[]) {
-                for b in x.to_bits().to_le_bytes() {
-                    self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
-                }
+                self.0.write(&x.to_bits().to_le_bytes());
             }
         }
     }
-    let mut v = Fnv(0xcbf2_9ce4_8422_2325);
+    let mut v = Fnv(crate::digest::Fnv1a::default());
     module.visit(&mut v);
-    v.0
+    v.0.finish()
 }
 
 #[cfg(test)]

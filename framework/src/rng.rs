@@ -37,11 +37,7 @@ impl Rng {
     /// An independent stream named `stream` derived from `seed` (e.g. `Rng::derive(seed, "rollout")`).
     pub fn derive(seed: u64, stream: &str) -> Self {
         // FNV-1a of the stream name, mixed with the seed.
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in stream.bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
+        let h = crate::digest::Fnv1a::of(stream.as_bytes());
         Self::new(seed ^ h.rotate_left(17))
     }
 

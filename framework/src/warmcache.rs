@@ -15,7 +15,7 @@
 //! needs the same warm start wait for the first to store it (the suite runs rows of one seed
 //! on several threads), then load it.
 
-use crate::checkpoint::checksum;
+use crate::digest::content_key;
 use crate::rundir::{io, write_atomic};
 use burn::module::Module;
 use burn::prelude::Backend;
@@ -59,14 +59,10 @@ pub struct WarmCache {
     dir: PathBuf,
 }
 
-/// The content key of one warm start: 32 hex digits over the canonical JSON of its inputs.
+/// The content key of one warm start: the SHA-256 of the canonical JSON of its inputs (64 hex
+/// digits).
 pub fn key(inputs: &Value) -> String {
-    let text = format!("v{VERSION}:{inputs}");
-    // Two independent 64-bit hashes (FNV-1a of the text and of the reversed text).
-    let a = checksum(text.as_bytes());
-    let rev: Vec<u8> = text.bytes().rev().collect();
-    let b = checksum(&rev);
-    format!("{a}{b}")
+    content_key(format!("v{VERSION}:{inputs}").as_bytes())
 }
 
 impl WarmCache {
@@ -142,7 +138,7 @@ impl WarmCache {
             "version": VERSION,
             "inputs": inputs,
             "metrics": m,
-            "model_checksum": checksum(&weights),
+            "model_checksum": content_key(&weights),
         });
         let bytes = serde_json::to_vec_pretty(&meta).unwrap_or_default();
         write_atomic(&tmp.join("warm.json"), &bytes)?;
@@ -159,7 +155,7 @@ impl WarmCache {
         let entry = self.dir.join(key);
         let meta: Value = serde_json::from_slice(&fs::read(entry.join("warm.json")).ok()?).ok()?;
         let want = meta.get("model_checksum")?.as_str()?;
-        let got = checksum(&fs::read(entry.join("model.mpk")).ok()?);
+        let got = content_key(&fs::read(entry.join("model.mpk")).ok()?);
         (got == want).then_some(meta)
     }
 
@@ -205,7 +201,7 @@ mod tests {
         let stored = lin.weight.val().into_data().to_vec::<f32>().expect("f32");
         let inputs = serde_json::json!({ "lr": 0.003, "seed": 1 });
         let k = key(&inputs);
-        assert_eq!(k.len(), 32);
+        assert_eq!(k.len(), 64);
         assert_ne!(k, key(&serde_json::json!({ "lr": 0.003, "seed": 2 })));
         let fresh: Linear<B> = LinearConfig::new(4, 3).init(&dev);
         assert!(cache.load(&k, fresh.clone(), &dev).is_none(), "empty cache");
