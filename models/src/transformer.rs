@@ -26,6 +26,8 @@ use rlany_kernels::{AttentionOps, grouped_attention};
 
 use crate::decode::{self, Contexts};
 use crate::error::ModelError;
+pub(crate) use crate::kv_cache::KvCache;
+use crate::kv_cache::LayerKv;
 use crate::lora::{BlockLora, LoraAdapter};
 use rlany_framework::experiment::LoraSpec;
 
@@ -340,125 +342,6 @@ fn project<B: Backend>(
     let d_output = y.dims()[1];
     // [batch, seq, d_output]
     y.reshape([batch, seq, d_output])
-}
-
-/// Keys and values of one layer, already rotated, in preallocated buffers written in place.
-#[derive(Debug, Clone)]
-struct LayerKv<B: Backend> {
-    /// `[batch, kv_heads, capacity, head_dim]`; positions `0..len` are filled.
-    key: Tensor<B, 4>,
-    /// `[batch, kv_heads, capacity, head_dim]`; positions `0..len` are filled.
-    value: Tensor<B, 4>,
-    /// Filled positions.
-    len: usize,
-}
-
-impl<B: Backend> LayerKv<B> {
-    /// Writes `k` and `v` after the filled positions (growing the buffers first when they
-    /// are full) and returns views of every filled position.
-    ///
-    /// # Shapes
-    /// - `k`, `v`: `[batch, kv_heads, seq, head_dim]`
-    /// - outputs: `[batch, kv_heads, len + seq, head_dim]`
-    fn append(
-        slot: &mut Option<Self>,
-        k: Tensor<B, 4>,
-        v: Tensor<B, 4>,
-        reserve: usize,
-    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
-        let [batch, kv_heads, seq, head_dim] = k.dims();
-        let buffer = |positions: usize, like: &Tensor<B, 4>| {
-            Tensor::<B, 4>::zeros(
-                [batch, kv_heads, positions, head_dim],
-                (&like.device(), like.dtype()),
-            )
-        };
-        let mut kv = match slot.take() {
-            Some(kv) => kv,
-            None => Self {
-                key: buffer(seq + reserve, &k),
-                value: buffer(seq + reserve, &v),
-                len: 0,
-            },
-        };
-        let capacity = kv.key.dims()[2];
-        let needed = kv.len + seq;
-        if needed > capacity {
-            // One copy of the filled part into buffers with room for `reserve` more
-            // positions (at least doubled, so repeated growth costs amortised O(1)).
-            let grown = (needed + reserve).max(2 * capacity);
-            let filled = [0..batch, 0..kv_heads, 0..kv.len, 0..head_dim];
-            kv.key = buffer(grown, &k).slice_assign(filled.clone(), kv.key.narrow(2, 0, kv.len));
-            kv.value = buffer(grown, &v).slice_assign(filled, kv.value.narrow(2, 0, kv.len));
-        }
-        let at = [0..batch, 0..kv_heads, kv.len..needed, 0..head_dim];
-        kv.key = kv.key.slice_assign(at.clone(), k);
-        kv.value = kv.value.slice_assign(at, v);
-        kv.len = needed;
-        let views = (
-            kv.key.clone().narrow(2, 0, needed),
-            kv.value.clone().narrow(2, 0, needed),
-        );
-        *slot = Some(kv);
-        views
-    }
-}
-
-/// Keys and values of the positions seen so far, per layer, for incremental decoding.
-///
-/// Each layer holds K and V in buffers of shape `[batch, kv_heads, capacity, head_dim]` (K
-/// after the rotation); every [`Transformer::forward_with`] call that is given the cache
-/// writes its positions in place after the filled ones (no copy of the cache per token).
-#[derive(Debug, Clone)]
-pub struct KvCache<B: Backend> {
-    layers: Vec<Option<LayerKv<B>>>,
-    /// Positions to allocate beyond what the next write needs when a buffer grows.
-    reserve: usize,
-}
-
-impl<B: Backend> KvCache<B> {
-    /// An empty cache for a model with `n_layers` blocks.
-    pub fn new(n_layers: usize) -> Self {
-        Self {
-            layers: vec![None; n_layers],
-            reserve: 0,
-        }
-    }
-
-    /// When a buffer next has to grow, make room for `positions` more than the write needs
-    /// (a caller that knows how many tokens it will decode sizes the buffers once).
-    pub fn reserve(&mut self, positions: usize) {
-        self.reserve = positions;
-    }
-
-    /// Number of cached positions (0 when empty).
-    pub fn len(&self) -> usize {
-        self.layers
-            .first()
-            .and_then(|l| l.as_ref())
-            .map_or(0, |l| l.len)
-    }
-
-    /// Whether no position is cached yet.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Number of layers the cache was built for.
-    pub(crate) fn n_layers(&self) -> usize {
-        self.layers.len()
-    }
-
-    /// Keeps the batch rows at `index`, in that order (a gather along the batch dimension).
-    ///
-    /// # Shapes
-    /// - `index`: `[rows kept]`
-    pub(crate) fn select_rows(&mut self, index: Tensor<B, 1, Int>) {
-        for kv in self.layers.iter_mut().flatten() {
-            kv.key = kv.key.clone().select(0, index.clone());
-            kv.value = kv.value.clone().select(0, index.clone());
-        }
-    }
 }
 
 /// Grouped-query self-attention with rotary positions.
