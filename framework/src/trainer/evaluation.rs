@@ -1,0 +1,195 @@
+//! The evaluation phase: the greedy evaluations, the judge's quality on its fixed pool and
+//! the proposer's posterior log.
+
+use super::*;
+
+impl<'a, B, M> Run<'a, B, M>
+where
+    B: AutodiffLogProbOps,
+    M: CausalLm<B> + AutodiffModule<B>,
+    M::InnerModule: CausalLm<B::InnerBackend>,
+{
+    /// The judge's fixed evaluation pool (empty without a judge). The synthetic judge reads
+    /// only its labels; its prompts are fitted to the policy's context.
+    pub(super) fn make_judge_pool(&self) -> Vec<(Vec<u32>, bool)> {
+        let max_len = match (&self.judge, &self.synthetic) {
+            (Some(j), _) => Some(j.max_seq_len()),
+            (None, Some(_)) => Some(self.policy.max_seq_len()),
+            (None, None) => None,
+        };
+        // The history layout of a learned judge's prompts (the synthetic judge reads labels).
+        let history = self
+            .cfg
+            .judge
+            .model()
+            .map(|j| j.history)
+            .unwrap_or_default();
+        match max_len {
+            Some(max_len) => judge::labelled_pool(
+                self.env,
+                self.tok,
+                &judge::PromptLayout { max_len, history },
+                JUDGE_POOL.min(self.cfg.budget.eval_tasks),
+                JUDGE_POOL_NOISE,
+                self.seed,
+            ),
+            None => Vec::new(),
+        }
+    }
+
+    /// Greedy evaluation on both splits into `m` (with the accuracy at each level of the
+    /// eval grid), and the judge's quality on its fixed pool; also writes a few decoded
+    /// samples and the proposer's posterior.
+    pub(super) fn evaluate(&self, m: &mut Metrics, step: usize) -> Result<(f64, f64), TrainError> {
+        let (b, seed) = (&self.cfg.budget, self.seed);
+        let mst = self.cfg.sampling.max_step_tokens;
+        let policy = self.policy.valid();
+        let levels = self.env.eval_levels();
+        let grid = crate::eval::grid(&levels, self.dims.len());
+        let start = [self.cfg.start.clone()];
+        let with_start = b.eval_start_tasks > 0;
+        let mut pb = progress::bar(3 + u64::from(with_start), "eval", self.opts.progress);
+        let run_split = |split, points: &[Difficulty], stream, tasks| {
+            let spec = EvalSpec {
+                split,
+                points,
+                stream,
+                tasks,
+                seed,
+                max_step_tokens: mst,
+                max_env_steps: b.max_env_steps,
+                on_device: self.cfg.sample_on_device,
+                spread: &self.spread,
+            };
+            evaluate(&policy, self.env, self.tok, &spec)
+        };
+        let grid_split =
+            |split| run_split(split, &grid, crate::eval::grid_stream(split), b.eval_tasks);
+        let id = grid_split(Split::Eval)?;
+        pb.inc(1);
+        let ood = grid_split(Split::Ood)?;
+        pb.inc(1);
+        // Held-out tasks at the training difficulty itself (its own seed stream).
+        let at_start = if with_start {
+            let r = run_split(Split::Eval, &start, "eval-start", b.eval_start_tasks)?;
+            pb.inc(1);
+            Some(r)
+        } else {
+            None
+        };
+        env_ok(self.env, step)?;
+        m.set("eval/acc_id", id.accuracy);
+        m.set("eval/acc_ood", ood.accuracy);
+        m.set("eval/step_acc_id", id.step_accuracy);
+        m.set("eval/step_acc_ood", ood.step_accuracy);
+        if let Some(r) = &at_start {
+            m.set("eval/acc_start", r.accuracy);
+            m.set("eval/step_acc_start", r.step_accuracy);
+        }
+        for (level, acc) in levels.iter().zip(&id.by_point) {
+            m.set(&format!("eval/acc_grid/{level:.2}"), *acc);
+        }
+        // The two in-domain trajectories written to samples.jsonl, with the judge's verdicts.
+        let shown = &id.trajectories[..id.trajectories.len().min(2)];
+        let mut judged_id = Vec::new();
+        if let (Some(j), Some(spec)) = (&self.judge, self.cfg.judge.model()) {
+            // A stream per evaluation step: evaluations never disturb the training streams.
+            let mut rng = Rng::derive(seed ^ step as u64, "judge-eval");
+            let judge = j.valid();
+            let voting = Voting {
+                votes: self.cfg.reward.votes,
+                temperature: spec.temperature,
+            };
+            let pool = judge::judge_prompts(
+                &judge,
+                self.tok,
+                &self.judge_pool,
+                voting,
+                &mut rng,
+                &self.spread,
+            )?;
+            self.judge_quality(m, &pool);
+            // Verdicts on the two in-domain samples written below.
+            judged_id = judge::judge_steps(
+                &judge,
+                self.tok,
+                spec.history,
+                shown,
+                voting,
+                &mut rng,
+                &self.spread,
+            )?;
+        } else if let Some(s) = &self.synthetic {
+            let mut rng = Rng::derive(seed ^ step as u64, "judge-eval");
+            let pool = s.judge_labels(self.judge_pool.iter().map(|(_, label)| label), &mut rng);
+            self.judge_quality(m, &pool);
+            judged_id = s.judge_steps(shown, &mut rng);
+        }
+        pb.finish_and_clear();
+        let verdicts = judge::by_trajectory(&judged_id, shown);
+        for (split, r) in [("id", &id), ("ood", &ood)] {
+            for (ti, t) in r.trajectories.iter().enumerate().take(2) {
+                let steps: Vec<serde_json::Value> = t
+                    .steps
+                    .iter()
+                    .enumerate()
+                    .map(|(si, s)| {
+                        let v = if split == "id" {
+                            verdicts[ti].get(si).cloned().unwrap_or_default()
+                        } else {
+                            Vec::new()
+                        };
+                        serde_json::json!({"text": s.text, "oracle": s.oracle, "observation": s.observation, "verdicts": v})
+                    })
+                    .collect();
+                self.dir.sample(&serde_json::json!({
+                    "step": step, "split": split, "prompt": t.prompt, "steps": steps, "outcome": t.outcome,
+                }))?;
+            }
+        }
+        self.log_posterior(step)?;
+        Ok((id.accuracy, ood.accuracy))
+    }
+
+    /// The judge's quality on its pool (`judged[i]` judges pool entry `i`): majority verdicts
+    /// (`judge/eval_*`), single votes (`judge/eval_vote_*`) and the share of votes that are a
+    /// `+` or a `-` at all (`judge/eval_format_ok`).
+    pub(super) fn judge_quality(&self, m: &mut Metrics, judged: &[judge::JudgedStep]) {
+        let labelled = || {
+            judged
+                .iter()
+                .map(|js| (self.judge_pool[js.traj].1, js.verdicts.as_slice()))
+        };
+        judge::quality(labelled()).set(m, "judge/eval");
+        judge::vote_quality(labelled()).set(m, "judge/eval_vote");
+        if let Some(ok) = judge::format_ok(judged.iter().map(|js| js.verdicts.as_slice())) {
+            m.set("judge/eval_format_ok", ok);
+        }
+    }
+
+    /// Appends the proposer's posterior (if it has a model) to `posterior.jsonl`.
+    pub(super) fn log_posterior(&self, step: usize) -> Result<(), TrainError> {
+        let center = step::mean_difficulty(&self.state.slots);
+        if center.is_empty() {
+            return Ok(());
+        }
+        if let Some(p) = self.proposer.posterior(&center, step, 11) {
+            let mut v = serde_json::to_value(&p).unwrap_or_default();
+            if let serde_json::Value::Object(o) = &mut v {
+                o.insert("step".into(), step.into());
+                o.insert("center".into(), serde_json::json!(center));
+                o.insert("names".into(), serde_json::json!(self.dims));
+                o.insert("band".into(), serde_json::json!(self.cfg.band));
+            }
+            self.dir.append("posterior.jsonl", &v)?;
+        }
+        Ok(())
+    }
+}
+
+/// Labelled steps in the judge's evaluation pool (half correct, half wrong), at most: the
+/// pool is no larger than the experiment's `eval_tasks`, so a small evaluation budget (a
+/// smoke run, a pretrained model on the CPU) keeps the judge's evaluation small too.
+const JUDGE_POOL: usize = 256;
+/// The flawed expert's noise for the judge's pool (both labels must occur).
+pub(super) const JUDGE_POOL_NOISE: f64 = 0.5;
