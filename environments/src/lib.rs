@@ -38,6 +38,7 @@ pub mod corridor;
 pub mod desktop;
 mod draw;
 pub mod household;
+mod planner;
 pub mod process;
 pub mod proposers;
 

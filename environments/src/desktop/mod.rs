@@ -147,6 +147,7 @@
 pub mod app;
 
 use crate::draw;
+use crate::planner::{Plan, PlanEpisode};
 use app::{Action, App, Control, Dialog, Elem, Goal, Hint, Id, Setting};
 use rlany_framework::check::{self, Checked};
 use rlany_framework::plugin::EnvironmentPlugin;
@@ -712,56 +713,58 @@ impl Environment for Desktop {
     }
 }
 
-/// What the episode remembers of one step.
-#[derive(Debug, Clone)]
-struct StepRecord {
-    label: bool,
-    valid: bool,
-    dims: Vec<usize>,
+impl Plan for Task {
+    type World = App;
+    fn distance(&self, app: &App) -> usize {
+        app::distance(app, &self.goal, &self.hints)
+    }
+    fn satisfied(&self, app: &App) -> bool {
+        app.satisfied(&self.goal)
+    }
+    fn act(&self, app: &mut App, action: &str) -> (String, bool) {
+        let out = app.act(action);
+        (out.text, out.valid)
+    }
 }
 
-/// One `desktop` task being played (see the module docs).
+/// One `desktop` task being played (see the module docs): the planner episode
+/// on the editor.
 #[derive(Debug, Clone)]
 pub struct DesktopEpisode {
-    task: Task,
-    app: App,
-    distance: usize,
-    max_steps: usize,
-    steps: Vec<StepRecord>,
-    done: bool,
+    core: PlanEpisode<Task>,
 }
 
 impl DesktopEpisode {
     fn new(task: Task, slack: usize) -> Self {
-        let distance = app::distance(&task.app, &task.goal, &task.hints);
+        let app = task.app.clone();
         Self {
-            app: task.app.clone(),
-            task,
-            distance,
-            max_steps: distance + slack,
-            steps: Vec::new(),
-            done: false,
+            core: PlanEpisode::new(task, app, slack),
         }
     }
 
     /// The step budget: the expert's plan length + the environment's `slack` (4 by default).
     pub fn max_steps(&self) -> usize {
-        self.max_steps
+        self.core.max_steps()
     }
 
     /// Number of steps taken so far.
     pub fn steps_taken(&self) -> usize {
-        self.steps.len()
+        self.core.steps_taken()
     }
 
     /// The expert's remaining number of actions from the current state.
     pub fn distance(&self) -> usize {
-        self.distance
+        self.core.distance()
+    }
+
+    /// The editor as the agent's actions left it.
+    fn app(&self) -> &App {
+        &self.core.world
     }
 
     /// The expert's next action from the current state (`None` once the goal holds).
     pub fn expert_action(&self) -> Option<String> {
-        app::expert(&self.app, &self.task.goal, &self.task.hints)
+        app::expert(self.app(), &self.core.task.goal, &self.core.task.hints)
     }
 
     /// The dims the expert's next action exercises (see the module docs).
@@ -777,27 +780,28 @@ impl DesktopEpisode {
             _ => return Vec::new(),
         };
         let mut dims = Vec::new();
-        match self.app.elems.get(id.wrapping_sub(1)) {
-            Some(Elem::Menu { .. }) if !self.app.bar.contains(&id) => dims.push(DEPTH),
+        match self.app().elems.get(id.wrapping_sub(1)) {
+            Some(Elem::Menu { .. }) if !self.app().bar.contains(&id) => dims.push(DEPTH),
             Some(Elem::Tab { .. }) => dims.push(DEPTH),
             Some(Elem::Menu { .. }) => {
                 // A menu-bar menu opened while the path is not hinted: exploring.
                 let g = self
+                    .core
                     .task
                     .goal
                     .set
                     .iter()
-                    .position(|(s, v)| self.app.values[*s] != *v);
-                if g.is_some_and(|g| self.task.hints.get(g) != Some(&Hint::Path)) {
+                    .position(|(s, v)| self.app().values[*s] != *v);
+                if g.is_some_and(|g| self.core.task.hints.get(g) != Some(&Hint::Path)) {
                     dims.push(DISTRACTORS);
                 }
             }
             _ => {}
         }
         // A step towards the second setting.
-        if let Some((s2, _)) = self.task.goal.set.get(1)
-            && self.app.values[self.task.goal.set[0].0] == self.task.goal.set[0].1
-            && self.app.values[*s2] != self.task.goal.set[1].1
+        if let Some((s2, _)) = self.core.task.goal.set.get(1)
+            && self.app().values[self.core.task.goal.set[0].0] == self.core.task.goal.set[0].1
+            && self.app().values[*s2] != self.core.task.goal.set[1].1
         {
             dims.push(SUBGOALS);
         }
@@ -812,29 +816,9 @@ one action per message: `click(ID)`, `type(ID, \"TEXT\")`, `key(enter)`, `key(es
 `key(ctrl+s)` or `scroll(ID, N)` (a drop-down list shows a few options; N moves it). \
 After each action I show the new view, what OK applied, or `error: <why>`.";
 
-impl DesktopEpisode {
-    fn label_of(&self, i: usize) -> bool {
-        self.steps.get(i).is_some_and(|s| s.label)
-    }
-
-    fn dims_of(&self, i: usize) -> Vec<usize> {
-        self.steps
-            .get(i)
-            .map(|s| s.dims.clone())
-            .unwrap_or_default()
-    }
-
-    fn blame_of(&self, i: usize) -> Vec<usize> {
-        match self.steps.get(i) {
-            Some(s) if s.valid && !s.label => s.dims.clone(),
-            _ => Vec::new(),
-        }
-    }
-}
-
 impl Episode for DesktopEpisode {
     fn prompt(&self) -> String {
-        self.task.prompt.clone()
+        self.core.task.prompt.clone()
     }
 
     fn instructions(&self) -> Option<String> {
@@ -842,42 +826,24 @@ impl Episode for DesktopEpisode {
     }
 
     fn step(&mut self, action: &str) -> StepResult {
-        if self.done {
+        if self.core.done() {
             return StepResult::ended();
         }
         let dims = self.expert_dims();
-        let before = self.distance;
-        let out = self.app.act(action);
-        let label = out.valid && {
-            self.distance = app::distance(&self.app, &self.task.goal, &self.task.hints);
-            self.distance < before
-        };
-        self.steps.push(StepRecord {
-            label,
-            valid: out.valid,
-            dims,
-        });
-        self.done = self.app.satisfied(&self.task.goal) || self.steps.len() >= self.max_steps;
-        let i = self.steps.len() - 1;
-        StepResult::taken(
-            out.text,
-            self.done,
-            self.label_of(i),
-            self.dims_of(i),
-            self.blame_of(i),
-        )
+        let text = self.core.play(action, dims, false);
+        self.core.answer(text)
     }
 
     fn done(&self) -> bool {
-        self.done
+        self.core.done()
     }
 
     fn outcome(&self) -> bool {
-        self.app.satisfied(&self.task.goal)
+        self.app().satisfied(&self.core.task.goal)
     }
 
     fn task_key(&self) -> String {
-        format!("{}|{:?}", self.task.prompt, self.task.app.elems)
+        format!("{}|{:?}", self.core.task.prompt, self.core.task.app.elems)
     }
 }
 

@@ -134,6 +134,7 @@
 pub mod world;
 
 use crate::draw;
+use crate::planner::{Plan, PlanEpisode};
 use rlany_framework::check::{self, Checked};
 use rlany_framework::plugin::EnvironmentPlugin;
 use rlany_framework::{Difficulty, Dim, Environment, Episode, Rng, Split, StepResult};
@@ -690,80 +691,92 @@ fn wander(w: &World, v: f64) -> Option<String> {
     (!shut.is_empty()).then(|| format!("open {}", shut[draw::index(v, shut.len())].name))
 }
 
-/// What the episode remembers of one step.
-#[derive(Debug, Clone)]
-struct StepRecord {
-    label: bool,
-    valid: bool,
-    /// The expert's action at the state the step was taken in.
-    expert: Option<String>,
-    /// The goal's count of objects in place before the step (two-object goals).
-    placed: usize,
+impl Plan for Task {
+    type World = World;
+    fn distance(&self, world: &World) -> usize {
+        world::distance(world, self.goal, &self.hints)
+    }
+    fn satisfied(&self, world: &World) -> bool {
+        world.satisfied(self.goal)
+    }
+    fn act(&self, world: &mut World, action: &str) -> (String, bool) {
+        let out = world.act(action.trim(), self.goal);
+        (out.text, out.valid)
+    }
 }
 
-/// One `household` task being played (see the module docs).
+/// One `household` task being played (see the module docs): the planner episode on the
+/// house.
 #[derive(Debug, Clone)]
 pub struct HouseholdEpisode {
-    task: Task,
-    world: World,
+    core: PlanEpisode<Task>,
     list_actions: bool,
-    /// The expert's distance from the current state.
-    distance: usize,
-    max_steps: usize,
-    steps: Vec<StepRecord>,
-    done: bool,
     label: Label,
 }
 
 impl HouseholdEpisode {
     fn new(task: Task, list_actions: bool, slack: usize) -> Self {
-        let distance = world::distance(&task.world, task.goal, &task.hints);
+        let world = task.world.clone();
         Self {
-            world: task.world.clone(),
-            task,
+            core: PlanEpisode::new(task, world, slack),
             list_actions,
-            distance,
-            max_steps: distance + slack,
-            steps: Vec::new(),
-            done: false,
             label: Label::Foresight,
         }
     }
 
     /// The step budget: the expert's plan length + the environment's `slack` (4 by default).
     pub fn max_steps(&self) -> usize {
-        self.max_steps
+        self.core.max_steps()
     }
 
     /// Number of steps taken so far.
     pub fn steps_taken(&self) -> usize {
-        self.steps.len()
+        self.core.steps_taken()
     }
 
     /// The expert's remaining number of actions from the current state.
     pub fn distance(&self) -> usize {
-        self.distance
+        self.core.distance()
     }
 
     /// The admissible actions now (what `help` shows).
     pub fn admissible(&self) -> Vec<String> {
-        self.world.admissible()
+        self.core.world.admissible()
     }
 
     /// The expert's next action from the current state (`None` once the goal holds).
     pub fn expert_action(&self) -> Option<String> {
-        world::expert(&self.world, self.task.goal, &self.task.hints)
+        let task = &self.core.task;
+        world::expert(&self.core.world, task.goal, &task.hints)
     }
 
     fn placed(&self) -> usize {
-        match self.task.goal {
+        match self.core.task.goal {
             Goal::Put { obj, dest, .. } => self
+                .core
                 .world
                 .objs
                 .iter()
                 .filter(|o| o.name == obj && o.at == Place::In(dest))
                 .count(),
             Goal::Examine { .. } => 0,
+        }
+    }
+
+    /// The dims a step from the current state exercises: what the expert's action here
+    /// exercises (see the module docs).
+    fn step_dims(&self) -> Vec<usize> {
+        let expert = self.expert_action();
+        let verb = expert.as_deref().and_then(|a| a.split_whitespace().next());
+        let second =
+            matches!(self.core.task.goal, Goal::Put { count: 2, .. }) && self.placed() >= 1;
+        match verb {
+            None => vec![ROOMS, SEARCH, GOAL],
+            Some("go") => vec![ROOMS],
+            Some("open") => vec![SEARCH],
+            Some("take" | "put") if second => vec![GOAL],
+            Some("take" | "put") => Vec::new(),
+            Some(_) => vec![GOAL],
         }
     }
 }
@@ -776,41 +789,9 @@ oven or fridge), `examine` (the held object, under the lamp) or `help`. After ea
 show what changed: a room as `name[contents]` for an open receptacle and `name?` for a shut \
 one, `holding OBJECT`, or `error: <why>`. The episode ends when the goal holds.";
 
-impl HouseholdEpisode {
-    fn label_of(&self, i: usize) -> bool {
-        self.steps.get(i).is_some_and(|s| s.label)
-    }
-
-    fn dims_of(&self, i: usize) -> Vec<usize> {
-        let Some(s) = self.steps.get(i) else {
-            return Vec::new();
-        };
-        let verb = s
-            .expert
-            .as_deref()
-            .and_then(|a| a.split_whitespace().next());
-        let second = matches!(self.task.goal, Goal::Put { count: 2, .. }) && s.placed >= 1;
-        match verb {
-            None => vec![ROOMS, SEARCH, GOAL],
-            Some("go") => vec![ROOMS],
-            Some("open") => vec![SEARCH],
-            Some("take" | "put") if second => vec![GOAL],
-            Some("take" | "put") => Vec::new(),
-            Some(_) => vec![GOAL],
-        }
-    }
-
-    fn blame_of(&self, i: usize) -> Vec<usize> {
-        match self.steps.get(i) {
-            Some(s) if s.valid && !s.label => self.dims_of(i),
-            _ => Vec::new(),
-        }
-    }
-}
-
 impl Episode for HouseholdEpisode {
     fn prompt(&self) -> String {
-        self.task.prompt.clone()
+        self.core.task.prompt.clone()
     }
 
     fn instructions(&self) -> Option<String> {
@@ -818,53 +799,38 @@ impl Episode for HouseholdEpisode {
     }
 
     fn step(&mut self, action: &str) -> StepResult {
-        if self.done {
+        if self.core.done() {
             return StepResult::ended();
         }
-        let expert = self.expert_action();
-        let choices = match self.label {
-            Label::Foresight => Vec::new(),
-            Label::Belief => world::expert_choices(&self.world, self.task.goal, &self.task.hints),
-        };
-        let placed = self.placed();
-        let before = self.distance;
-        let out = self.world.act(action.trim(), self.task.goal);
-        let label = out.valid && {
-            self.distance = world::distance(&self.world, self.task.goal, &self.task.hints);
+        let dims = self.step_dims();
+        // With belief labels, one of the expert's equally good choices given what the agent
+        // has seen is right even when the true world's plan did not shrink.
+        let belief_right = self.label == Label::Belief && {
+            let task = &self.core.task;
             let said = action.split_whitespace().collect::<Vec<_>>().join(" ");
-            self.distance < before || choices.contains(&said)
+            world::expert_choices(&self.core.world, task.goal, &task.hints).contains(&said)
         };
-        self.steps.push(StepRecord {
-            label,
-            valid: out.valid,
-            expert,
-            placed,
-        });
-        self.done = self.world.satisfied(self.task.goal) || self.steps.len() >= self.max_steps;
-        let mut observation = out.text;
+        let mut observation = self.core.play(action, dims, belief_right);
         if self.list_actions {
-            observation.push_str(&format!("\ncan: {}", self.world.admissible().join(", ")));
+            observation.push_str(&format!(
+                "\ncan: {}",
+                self.core.world.admissible().join(", ")
+            ));
         }
-        let i = self.steps.len() - 1;
-        StepResult::taken(
-            observation,
-            self.done,
-            self.label_of(i),
-            self.dims_of(i),
-            self.blame_of(i),
-        )
+        self.core.answer(observation)
     }
 
     fn done(&self) -> bool {
-        self.done
+        self.core.done()
     }
 
     fn outcome(&self) -> bool {
-        self.world.satisfied(self.task.goal)
+        self.core.world.satisfied(self.core.task.goal)
     }
 
     fn task_key(&self) -> String {
-        format!("{}|{:?}", self.task.prompt, self.task.world.objs)
+        let task = &self.core.task;
+        format!("{}|{:?}", task.prompt, task.world.objs)
     }
 }
 

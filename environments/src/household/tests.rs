@@ -225,17 +225,17 @@ fn labels_blame_and_step_dims() {
     let r = ep.step("put basket");
     assert!(r.done && r.observation.is_empty() && ep.outcome());
     for (i, (a, label)) in steps.iter().enumerate() {
-        assert_eq!(ep.label_of(i), *label, "step {i}: {a}");
+        assert_eq!(ep.core.label_of(i), *label, "step {i}: {a}");
     }
-    assert!(ep.label_of(11));
-    assert!(!ep.label_of(12));
-    assert_eq!(ep.dims_of(0), vec![ROOMS]); // the expert would have gone to the bath
-    assert_eq!(ep.blame_of(0), vec![ROOMS]);
-    assert_eq!(ep.blame_of(2), Vec::<usize>::new()); // invalid: no blame
-    assert_eq!(ep.dims_of(5), vec![SEARCH]);
-    assert_eq!(ep.dims_of(7), Vec::<usize>::new());
-    assert_eq!(ep.dims_of(9), vec![GOAL]);
-    assert!(ep.blame_of(9).is_empty());
+    assert!(ep.core.label_of(11));
+    assert!(!ep.core.label_of(12));
+    assert_eq!(ep.core.dims_of(0), vec![ROOMS]); // the expert would have gone to the bath
+    assert_eq!(ep.core.blame_of(0), vec![ROOMS]);
+    assert_eq!(ep.core.blame_of(2), Vec::<usize>::new()); // invalid: no blame
+    assert_eq!(ep.core.dims_of(5), vec![SEARCH]);
+    assert_eq!(ep.core.dims_of(7), Vec::<usize>::new());
+    assert_eq!(ep.core.dims_of(9), vec![GOAL]);
+    assert!(ep.core.blame_of(9).is_empty());
     assert!(ep.step("go kitchen").done);
 }
 
@@ -253,7 +253,7 @@ fn the_expert_solves_every_sampled_task_with_every_step_progress() {
             solved += 1;
         }
         for s in 0..ep.steps_taken() {
-            assert!(ep.label_of(s), "task {i} step {s} not progress");
+            assert!(ep.core.label_of(s), "task {i} step {s} not progress");
         }
     }
     assert!(solved * 100 >= n * 99, "expert solved {solved}/{n}");
@@ -493,8 +493,12 @@ fn every_admissible_action_is_valid() {
             let can = ep.admissible();
             assert!(!can.is_empty());
             for a in &can {
-                let mut w = ep.world.clone();
-                assert!(w.act(a, ep.task.goal).valid, "{a} in {:?}", ep.world);
+                let mut w = ep.core.world.clone();
+                assert!(
+                    w.act(a, ep.core.task.goal).valid,
+                    "{a} in {:?}",
+                    ep.core.world
+                );
             }
             let a = can[rng.below(can.len())].clone();
             if ep.step(&a).done {
@@ -657,7 +661,7 @@ fn the_belief_label_accepts_every_equally_good_search_step() {
         ep.step("open fridge"); // the expert's own choice: right under both
         ep.step("open drawer"); // already open: invalid, wrong under both
         ep.step("take egg"); // right under both
-        let labels: Vec<bool> = (0..4).map(|i| ep.label_of(i)).collect();
+        let labels: Vec<bool> = (0..4).map(|i| ep.core.label_of(i)).collect();
         assert_eq!(labels, [drawer_right, true, false, true], "{label:?}");
     }
 }
@@ -681,7 +685,7 @@ fn the_belief_label_only_adds_right_steps() {
             let act = match a.expert_action() {
                 Some(e) if rng.uniform() < 0.5 => e,
                 _ => {
-                    let can = a.world.admissible();
+                    let can = a.core.world.admissible();
                     can[(rng.uniform() * can.len() as f64) as usize % can.len()].clone()
                 }
             };
@@ -693,8 +697,11 @@ fn the_belief_label_only_adds_right_steps() {
         }
         assert_eq!(a.outcome(), b.outcome());
         for i in 0..a.steps_taken() {
-            assert!(!a.label_of(i) || b.label_of(i), "seed {seed} step {i}");
-            more += usize::from(b.label_of(i) && !a.label_of(i));
+            assert!(
+                !a.core.label_of(i) || b.core.label_of(i),
+                "seed {seed} step {i}"
+            );
+            more += usize::from(b.core.label_of(i) && !a.core.label_of(i));
             total += 1;
         }
     }
