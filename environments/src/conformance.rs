@@ -242,9 +242,13 @@ pub fn run<S: Subject>(s: &S) -> Vec<Check> {
                     }
                 }
             }
+            let blamed = if S::LABELS {
+                "no right step is blamed, "
+            } else {
+                ""
+            };
             Ok(format!(
-                "{n} answers name known dimensions, no right step is blamed, an ended episode \
-                 stays ended"
+                "{n} answers name known dimensions, {blamed}an ended episode stays ended"
             ))
         })(),
     ));
