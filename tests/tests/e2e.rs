@@ -1789,8 +1789,12 @@ fn env_shows_a_task_and_refuses_bad_input() {
     );
     let quickstart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments/quickstart.ron");
     assert_eq!(rlany(&["env", &quickstart.to_string_lossy()]), 0);
+    // The environment contract's conformance checks, on a name and on a file's settings.
+    assert_eq!(rlany(&["env", "corridor", "--check"]), 0);
+    assert_eq!(rlany(&["env", &quickstart.to_string_lossy(), "--check"]), 0);
     // Unknown environment, a difficulty out of range or of the wrong length, an unknown split.
     assert_eq!(rlany(&["env", "nope"]), 2);
+    assert_eq!(rlany(&["env", "nope", "--check"]), 2);
     assert_eq!(rlany(&["env", "arith", "--difficulty", "2,0,0"]), 2);
     assert_eq!(rlany(&["env", "arith", "--difficulty", "0.5"]), 2);
     assert_eq!(rlany(&["env", "arith", "--split", "test"]), 2);
