@@ -131,3 +131,29 @@ impl<P: Plan> PlanEpisode<P> {
         }
     }
 }
+
+/// Property shared by the planner environments' task draws (a test helper): raising one of the
+/// four difficulty coordinates by 0.1 never lowers its structural count and leaves the
+/// other three counts alone, and it moves its own count often enough (1500 draws).
+#[cfg(test)]
+pub(crate) fn assert_structurally_monotone<T>(
+    draw: impl Fn(&[f64], u64) -> T,
+    counts: impl Fn(&T) -> [usize; 4],
+) {
+    let mut rng = rlany_framework::Rng::new(11);
+    let mut moved = [0usize; 4];
+    for seed in 0..1500 {
+        let base: Vec<f64> = (0..4).map(|_| rng.uniform() * 0.9).collect();
+        let k = seed as usize % 4;
+        let mut up = base.clone();
+        up[k] += 0.1;
+        let (a, b) = (counts(&draw(&base, seed)), counts(&draw(&up, seed)));
+        assert!(b[k] >= a[k], "dim {k}, seed {seed}: {a:?} -> {b:?}");
+        for j in (0..4).filter(|&j| j != k) {
+            assert_eq!(a[j], b[j], "dim {k} moved dim {j}");
+        }
+        moved[k] += usize::from(b[k] > a[k]);
+    }
+    // A 0.1 move changes the count in expectation (0.1·range per task of 375 per dim).
+    assert!(moved.iter().all(|&m| m >= 15), "{moved:?}");
+}

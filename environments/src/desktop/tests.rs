@@ -277,24 +277,7 @@ fn counts(t: &Task) -> [usize; 4] {
 #[test]
 fn every_dimension_is_structurally_monotone() {
     let env = Desktop::default();
-    let mut rng = Rng::new(11);
-    let mut moved = [0usize; 4];
-    for seed in 0..1500 {
-        let base: Vec<f64> = (0..4).map(|_| rng.uniform() * 0.9).collect();
-        let k = seed as usize % 4;
-        let mut up = base.clone();
-        up[k] += 0.1;
-        let (a, b) = (
-            counts(&env.draw(&base, Split::Train, seed)),
-            counts(&env.draw(&up, Split::Train, seed)),
-        );
-        assert!(b[k] >= a[k], "dim {k}, seed {seed}: {a:?} -> {b:?}");
-        for j in (0..4).filter(|&j| j != k) {
-            assert_eq!(a[j], b[j], "dim {k} moved dim {j}");
-        }
-        moved[k] += usize::from(b[k] > a[k]);
-    }
-    assert!(moved.iter().all(|&m| m >= 15), "{moved:?}");
+    crate::planner::assert_structurally_monotone(|d, seed| env.draw(d, Split::Train, seed), counts);
 }
 
 #[test]
