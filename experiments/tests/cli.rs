@@ -554,7 +554,10 @@ fn a_hung_rank_is_named_at_the_peer_timeout() {
         "{err}"
     );
     assert!(err.contains("rank 1 has not been heard from for"), "{err}");
-    assert!(err.contains("MPI_ABORT was invoked on rank 0"), "{err}");
+    // That the job ended is read from its exit and the stopped rank's death below, not from
+    // Open MPI's own MPI_ABORT notice: under load its help system can fail to print it
+    // ("ORTE_ERROR_LOG: Data unpack would read past end of buffer ... show_help.c", seen in
+    // a CI run while the job ended as it should).
     assert!(
         (3.0..30.0).contains(&took),
         "the job took {took:.1} s to end"
