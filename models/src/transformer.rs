@@ -21,6 +21,7 @@ use burn::prelude::*;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
 use burn::tensor::activation::silu;
 use burn::tensor::{DType, FloatDType};
+use rlany_framework::ppo::in_f32;
 use rlany_framework::{CausalLm, Generation, Rng, SampleParams, select_positions};
 use rlany_kernels::{AttentionOps, grouped_attention};
 
@@ -308,15 +309,6 @@ fn apply_rotary<B: Backend>(
         ],
         3,
     )
-}
-
-/// `t` in f32: a no-op on f32 tensors, a cast (differentiable) on bf16 ones.
-fn in_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Tensor<B, D> {
-    if t.dtype() == DType::F32 {
-        t
-    } else {
-        t.cast(DType::F32)
-    }
 }
 
 /// `layer` (plus its LoRA adapter, if any) applied as one matrix product over all rows:

@@ -105,8 +105,9 @@ pub fn ppo_loss<B: Backend>(
     }
 }
 
-/// `t` in f32 (itself when it already is).
-fn in_f32<B: Backend>(t: Tensor<B, 2>) -> Tensor<B, 2> {
+/// `t` in f32: itself when it already is, else a (differentiable) cast. The model's logits
+/// leave it through this, and the loss takes its inputs through it.
+pub fn in_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Tensor<B, D> {
     if t.dtype() == burn::tensor::DType::F32 {
         t
     } else {

@@ -8,5 +8,5 @@ pub mod loss;
 pub mod update;
 
 pub use clip::{clip_global_norm, step};
-pub use loss::{KlTerm, PpoLoss, SampledKl, kl_estimate, ppo_loss};
+pub use loss::{KlTerm, PpoLoss, SampledKl, in_f32, kl_estimate, ppo_loss};
 pub use update::{NonFinite, Sample, Unit, UpdateError, UpdateParams, UpdateStats, ppo_update};
