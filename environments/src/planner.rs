@@ -82,9 +82,14 @@ impl<P: Plan> PlanEpisode<P> {
         self.done
     }
 
+    /// Whether the world satisfies the goal (the verifier).
+    pub(crate) fn solved(&self) -> bool {
+        self.task.satisfied(&self.world)
+    }
+
     /// Plays `action`, which exercises `dims`; `also_right` makes a valid step right even
-    /// when the plan did not shrink. Returns the world's text and whether the action was
-    /// valid; [`PlanEpisode::answer`] then makes the step's answer.
+    /// when the plan did not shrink. Returns the world's text; [`PlanEpisode::answer`] then
+    /// makes the step's answer.
     pub(crate) fn play(&mut self, action: &str, dims: Vec<usize>, also_right: bool) -> String {
         let before = self.distance;
         let (text, valid) = self.task.act(&mut self.world, action);
@@ -93,7 +98,7 @@ impl<P: Plan> PlanEpisode<P> {
             self.distance < before || also_right
         };
         self.steps.push(Taken { label, valid, dims });
-        self.done = self.task.satisfied(&self.world) || self.steps.len() >= self.max_steps;
+        self.done = self.solved() || self.steps.len() >= self.max_steps;
         text
     }
 

@@ -174,8 +174,7 @@ pub fn rollout_sharded<B: Backend, M: CausalLm<B>>(
     rng: &mut Rng,
     spread: &Spread,
 ) -> Result<Vec<Trajectory>, PlacementError> {
-    let Spread { shards, placement } = spread;
-    let shards = *shards;
+    let shards = spread.shards;
     if shards <= 1 || episodes.len() < 2 {
         return Ok(rollout(model, tok, episodes, params, max_env_steps, rng));
     }
@@ -190,7 +189,7 @@ pub fn rollout_sharded<B: Backend, M: CausalLm<B>>(
         })
         .collect();
     let played = crate::shard::map_placed(
-        placement,
+        &spread.placement,
         groups,
         "trajectories",
         |(model, episodes, seed)| {

@@ -839,7 +839,7 @@ impl Episode for DesktopEpisode {
     }
 
     fn outcome(&self) -> bool {
-        self.app().satisfied(&self.core.task.goal)
+        self.core.solved()
     }
 
     fn task_key(&self) -> String {

@@ -825,7 +825,7 @@ impl Episode for HouseholdEpisode {
     }
 
     fn outcome(&self) -> bool {
-        self.core.world.satisfied(self.core.task.goal)
+        self.core.solved()
     }
 
     fn task_key(&self) -> String {
