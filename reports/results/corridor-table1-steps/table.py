@@ -16,24 +16,12 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "corridor-table1"))
-from table1 import fmt, mean_ci, read  # noqa: E402
+from table1 import fmt, load, mean_ci  # noqa: E402
 
 ROWS = ["cor_t1s_outcome_only", "cor_t1s_frozen_judge", "cor_t1s_consistency",
         "cor_t1s_perfect_judge", "cor_t1s_matched_synthetic_judge"]
 KEYS = ["train_last", "start", "grid", "step_acc", "judge_pool_first", "judge_pool_last",
         "judge_train_last"]
-
-
-def load(root, rows):
-    data = {}
-    for row in rows:
-        d = os.path.join(root, row)
-        if not os.path.isdir(d):
-            continue
-        for s in sorted(os.listdir(d)):
-            if os.path.exists(os.path.join(d, s, "metrics.jsonl")):
-                data.setdefault(row, {})[int(s.split("-")[1])] = read(os.path.join(d, s))
-    return data
 
 
 def votes(run):

@@ -78,16 +78,22 @@ def read(run):
     }
 
 
-def main():
-    root = sys.argv[1]
+def load(root, rows):
+    """{row: {seed: read(run)}} for every run of `rows` under `root`."""
     data = {}
-    for row in ROWS:
+    for row in rows:
         d = os.path.join(root, row)
         if not os.path.isdir(d):
             continue
         for s in sorted(os.listdir(d)):
             if os.path.exists(os.path.join(d, s, "metrics.jsonl")):
                 data.setdefault(row, {})[int(s.split("-")[1])] = read(os.path.join(d, s))
+    return data
+
+
+def main():
+    root = sys.argv[1]
+    data = load(root, ROWS)
     keys = ["train_last", "start", "grid", "step_acc", "judge_train_first", "judge_train_last",
             "judge_pool_first", "judge_pool_last", "difficulty_last"]
     print("| row | " + " | ".join(keys) + " |")
