@@ -49,9 +49,7 @@ fn conformance(spec: &rlany_envs::ProcessSpec) -> Result<()> {
         "conformance checks of `{}` (protocol 1):",
         spec.command.join(" ")
     );
-    let checks = rlany_envs::process::conformance::run(spec);
-    print_checks(&checks);
-    let failed = checks.iter().filter(|c| !c.ok).count();
+    let failed = print_checks(&rlany_envs::process::conformance::run(spec));
     if failed > 0 {
         anyhow::bail!(
             "the environment process `{}` failed {failed} of the protocol's conformance checks \
@@ -63,8 +61,8 @@ fn conformance(spec: &rlany_envs::ProcessSpec) -> Result<()> {
     Ok(())
 }
 
-/// One line per check.
-fn print_checks(checks: &[rlany_envs::conformance::Check]) {
+/// One line per check; how many failed.
+fn print_checks(checks: &[rlany_envs::conformance::Check]) -> usize {
     for c in checks {
         println!(
             "  {:<5} {:<14} {}",
@@ -73,6 +71,7 @@ fn print_checks(checks: &[rlany_envs::conformance::Check]) {
             c.detail
         );
     }
+    checks.iter().filter(|c| !c.ok).count()
 }
 
 /// The environment settings `name` stands for.
@@ -136,9 +135,8 @@ pub fn run(args: &EnvArgs) -> Result<()> {
     }
     if args.check {
         println!("conformance checks of `{}`:", args.name);
-        let checks = rlany_envs::conformance::run(&rlany_envs::conformance::Compiled(env.as_ref()));
-        print_checks(&checks);
-        let failed = checks.iter().filter(|c| !c.ok).count();
+        let compiled = rlany_envs::conformance::Compiled(env.as_ref());
+        let failed = print_checks(&rlany_envs::conformance::run(&compiled));
         if failed > 0 {
             anyhow::bail!(
                 "`{}` failed {failed} of the environment contract's conformance checks",
