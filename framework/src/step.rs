@@ -501,6 +501,18 @@ pub fn step_metrics(
         m.set("env/slot_acc_mean", mean(&running));
     }
     m.set("env/step_acc", accuracy(&step_labels));
+    // The right-step share of solved and of failed episodes apart: how right a policy must be
+    // to succeed, read beside how right it is (absent in a step with no such episode).
+    for (key, solved) in [("env/step_acc_solved", true), ("env/step_acc_failed", false)] {
+        let labels: Vec<bool> = used
+            .iter()
+            .filter(|&&i| batch.trajs[i].outcome == solved)
+            .flat_map(|&i| batch.trajs[i].steps.iter().map(|s| s.oracle))
+            .collect();
+        if !labels.is_empty() {
+            m.set(key, accuracy(&labels));
+        }
+    }
     for (name, d) in dim_names.iter().zip(mean_difficulty(slots)) {
         m.set(&format!("env/difficulty/{name}"), d);
     }
@@ -939,8 +951,14 @@ mod tests {
                 uniform_units: 0,
             }
         );
+        // One wrong step in a solved episode (trajectory 2): the solved episodes' steps are
+        // right 2 of 3, the failed one's 0 of 1; all four together 2 of 4.
+        batch.trajs[2].steps[0].oracle = false;
         let mut m = Metrics::new(1);
         step_metrics(&mut m, &batch, &[], &[], &AdaptCounts::default());
+        assert_eq!(m.get("env/step_acc"), Some(0.5));
+        assert!((m.get("env/step_acc_solved").unwrap() - 2.0 / 3.0).abs() < 1e-12);
+        assert_eq!(m.get("env/step_acc_failed"), Some(0.0));
         assert_eq!(m.get("policy/uniform_groups"), Some(1.0));
         assert_eq!(m.get("policy/mixed_groups"), Some(1.0));
         assert_eq!(m.get("policy/units"), Some(2.0));
