@@ -109,6 +109,7 @@ class Episode:
             "label": label,
             "dims": exercised,
             "blame": exercised if valid and not label else [],
+            "kind": "progress" if label else ("off_plan" if valid else "invalid"),
         }
 
 

@@ -12,8 +12,9 @@
 //!    few seeds, and the oracle labels every one of its steps right (where labels are
 //!    promised: a process environment may leave `label` out; then the share is shown).
 //! 4. `step answers`: on the expert's and a fully flawed expert's (noise 1) trajectories,
-//!    every step's dimensions and blame name dimensions of the space, a right step carries
-//!    no blame (compiled in; the loop ignores a process child's), the answer's `done` is the
+//!    every step's dimensions and blame name dimensions of the space, its kind is a valid
+//!    metric name, a right step carries no blame (compiled in; the loop ignores a process
+//!    child's), the answer's `done` is the
 //!    episode's, and an action after the end is answered [`StepResult::ended`] (nothing
 //!    happens).
 //! 5. `any action`: an empty action, 500 characters of junk and non-ASCII text get answers
@@ -328,12 +329,16 @@ fn space(dims: &[rlany_framework::Dim], levels: &[f64]) -> Result<String, String
     ))
 }
 
-/// Check 4 on one answer: dimensions inside the space, no blame on a right step (`strict`).
+/// Check 4 on one answer: dimensions inside the space, a valid kind, no blame on a right step
+/// (`strict`).
 fn answer_ok(r: &StepResult, n_dims: usize, strict: bool) -> Result<(), String> {
     if let Some(d) = r.dims.iter().chain(&r.blame).find(|&&d| d >= n_dims) {
         return Err(format!(
             "names dimension {d}; the space has {n_dims} ({r:?})"
         ));
+    }
+    if !rlany_framework::env::valid_kind(&r.kind) {
+        return Err(format!("kind {:?} is not a step kind", r.kind));
     }
     if strict && r.label && !r.blame.is_empty() {
         return Err(format!("a right step carries blame {:?}", r.blame));
@@ -374,6 +379,13 @@ mod tests {
             "a process child's is ignored"
         );
         r.blame.clear();
+        r.kind = "Not a kind".into();
+        assert!(
+            answer_ok(&r, 1, true)
+                .expect_err("refused")
+                .contains("not a step kind")
+        );
+        r.kind = "off_plan".into();
         r.dims = vec![3];
         assert!(
             answer_ok(&r, 2, false)

@@ -59,7 +59,9 @@
 //!
 //! A step's [`StepResult`]: `label` is whether it was right (each step on its own; a wrong
 //! step does not make later ones wrong); `dims` is `[length]` for every step (each door
-//! exists because of the length); `blame` is `[length]` when the step was wrong, else empty.
+//! exists because of the length); `blame` is `[length]` when the step was wrong, else empty;
+//! `kind` is `borderline` at a door whose sign the flawed expert confuses (3–6, below) and
+//! `clear` at the others, right or wrong.
 //!
 //! # Flawed expert ([`Environment::demonstration`])
 //!
@@ -361,6 +363,11 @@ impl Episode for CorridorEpisode {
             vec![LENGTH],
             vec![LENGTH],
         )
+        .with_kind(if BORDERLINE.contains(&sign) {
+            "borderline"
+        } else {
+            "clear"
+        })
     }
 
     fn done(&self) -> bool {
@@ -622,18 +629,22 @@ mod tests {
         let mut ep = CorridorEpisode::new(vec![3, 8, 5], 1);
         assert_eq!(ep.prompt(), "L if sign<5 else R\n3\n");
         assert!(!ep.done() && !ep.outcome());
-        let step = |observation: &str, done, label, blame: &[usize]| StepResult {
+        let step = |observation: &str, done, label, blame: &[usize], kind: &str| StepResult {
             observation: observation.into(),
             done,
             label,
             dims: vec![LENGTH],
             blame: blame.to_vec(),
+            kind: kind.into(),
         };
-        assert_eq!(ep.step("L"), step("8", false, true, &[]));
+        assert_eq!(ep.step("L"), step("8", false, true, &[], "borderline"));
         assert!(!ep.outcome());
-        assert_eq!(ep.step("garbage"), step("5", false, false, &[LENGTH]));
+        assert_eq!(
+            ep.step("garbage"),
+            step("5", false, false, &[LENGTH], "clear")
+        );
         assert!(!ep.done() && !ep.outcome());
-        assert_eq!(ep.step("R"), step("", true, true, &[]));
+        assert_eq!(ep.step("R"), step("", true, true, &[], "borderline"));
         assert!(ep.done() && ep.outcome());
         // Actions after the end: nothing happens (no label, no dims, no blame).
         for a in ["L", "R", "", "x"] {

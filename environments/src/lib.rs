@@ -45,8 +45,8 @@ pub mod proposers;
 pub use arith::{Arith, ArithConfig, ArithEpisode, ArithSpec};
 pub use codegen::{Codegen, CodegenEpisode, CodegenSpec};
 pub use corridor::{Corridor, CorridorEpisode, CorridorSpec};
-pub use desktop::{Desktop, DesktopEpisode, DesktopSpec};
-pub use household::{Household, HouseholdEpisode, HouseholdSpec};
+pub use desktop::{Desktop, DesktopSpec};
+pub use household::{Household, HouseholdSpec};
 pub use process::{ProcessEnv, ProcessEpisode, ProcessSpec};
 
 /// Every compiled-in environment, at its default settings and at the settings that change

@@ -50,6 +50,24 @@ pub struct StepResult {
     /// The oracle's attribution of a wrong step to difficulty dimensions (ignored on a right
     /// step); only the explicitly named upper-bound critic (`critic: Oracle`) uses it.
     pub blame: Vec<usize>,
+    /// What kind of step this was, in the task author's words (empty: not classified), e.g.
+    /// household's `progress`, `invalid`, `repeated`, `search`, `off_plan`, the corridor's
+    /// `borderline` and `clear` doors. Metrics split by it (`env/wrong/<kind>`,
+    /// `env/step_acc/<kind>`, the judge's accuracy by kind); never shown to the policy, the
+    /// judge or the proposer. A [`valid_kind`]: it names metrics.
+    pub kind: String,
+}
+
+/// The longest step kind ([`StepResult::kind`]).
+pub const MAX_KIND_LEN: usize = 24;
+
+/// Whether `kind` may name a step kind: empty, or 1 to [`MAX_KIND_LEN`] characters of `a-z`,
+/// `0-9` and `_` (it becomes part of metric names).
+pub fn valid_kind(kind: &str) -> bool {
+    kind.len() <= MAX_KIND_LEN
+        && kind
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }
 
 impl StepResult {
@@ -62,6 +80,7 @@ impl StepResult {
             label: false,
             dims: Vec::new(),
             blame: Vec::new(),
+            kind: String::new(),
         }
     }
 
@@ -80,7 +99,15 @@ impl StepResult {
             label,
             dims,
             blame: if label { Vec::new() } else { blame },
+            kind: String::new(),
         }
+    }
+
+    /// The same answer with its step classified as `kind` (see [`StepResult::kind`]).
+    pub fn with_kind(mut self, kind: &str) -> Self {
+        debug_assert!(valid_kind(kind), "step kind {kind:?}");
+        self.kind = kind.to_string();
+        self
     }
 }
 

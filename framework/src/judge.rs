@@ -329,13 +329,25 @@ pub fn by_trajectory(judged: &[JudgedStep], trajs: &[Trajectory]) -> Vec<Vec<Vec
     out
 }
 
+/// One step of the judge's evaluation pool: its prompt, the oracle's label and the
+/// environment's kind of step (empty when not classified).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolStep {
+    /// The judge's prompt tokens for the step.
+    pub prompt: Vec<u32>,
+    /// The oracle's label.
+    pub label: bool,
+    /// [`crate::StepResult::kind`].
+    pub kind: String,
+}
+
 /// A balanced, fixed pool of oracle-labelled steps on which every evaluation measures the
 /// judge (the same pool for every row of an ablation: it depends only on the environment,
 /// the seed and the judge's prompt layout, never on a policy). Steps come from the flawed
 /// expert's solutions (slip probability `noise`) of tasks spread over the in-domain eval
 /// grid, replayed through the environment for their observations and oracle labels; half
 /// are labelled correct, half wrong (fewer of one kind only if the environment cannot
-/// produce them). Returns `(prompt tokens, oracle label)`.
+/// produce them).
 pub fn labelled_pool(
     env: &dyn Environment,
     tok: &dyn Tokenizer,
@@ -343,7 +355,7 @@ pub fn labelled_pool(
     n: usize,
     noise: f64,
     seed: u64,
-) -> Vec<(Vec<u32>, bool)> {
+) -> Vec<PoolStep> {
     let dims = env.difficulty_space().len();
     let levels = env.eval_levels();
     let mut rng = Rng::derive(seed, "judge-pool");
@@ -364,18 +376,22 @@ pub fn labelled_pool(
                 (&mut neg, n - half)
             };
             if bucket.len() < cap {
-                bucket.push((encode_prompt(tok, &t, j, layout), step.oracle));
+                bucket.push(PoolStep {
+                    prompt: encode_prompt(tok, &t, j, layout),
+                    label: step.oracle,
+                    kind: step.kind.clone(),
+                });
             }
         }
     }
     pos.into_iter().chain(neg).collect()
 }
 
-/// The judge's majority verdicts on labelled prompts (one entry per prompt).
+/// The judge's majority verdicts on the pool's prompts (one entry per pool step).
 pub fn judge_prompts<B: Backend, M: CausalLm<B>>(
     judge: &M,
     tok: &dyn Tokenizer,
-    prompts: &[(Vec<u32>, bool)],
+    prompts: &[PoolStep],
     voting: Voting,
     rng: &mut Rng,
     spread: &Spread,
@@ -383,10 +399,10 @@ pub fn judge_prompts<B: Backend, M: CausalLm<B>>(
     let mut judged: Vec<JudgedStep> = prompts
         .iter()
         .enumerate()
-        .map(|(i, (prompt, _))| JudgedStep {
+        .map(|(i, p)| JudgedStep {
             traj: i,
             step: 0,
-            prompt: prompt.clone(),
+            prompt: p.prompt.clone(),
             tokens: Vec::with_capacity(voting.votes),
             verdicts: Vec::with_capacity(voting.votes),
         })
@@ -414,13 +430,22 @@ impl JudgeQuality {
 
     /// Writes `<prefix>_pos_acc`, `<prefix>_neg_acc` and `<prefix>_bal_acc` (those defined).
     pub fn set(&self, m: &mut crate::rundir::Metrics, prefix: &str) {
+        self.set_suffixed(m, prefix, "");
+    }
+
+    /// The same for the steps of one kind: `<prefix>_pos_acc/<kind>`, and so on.
+    pub fn set_for_kind(&self, m: &mut crate::rundir::Metrics, prefix: &str, kind: &str) {
+        self.set_suffixed(m, prefix, &format!("/{kind}"));
+    }
+
+    fn set_suffixed(&self, m: &mut crate::rundir::Metrics, prefix: &str, suffix: &str) {
         for (name, v) in [
             ("pos_acc", self.pos_acc),
             ("neg_acc", self.neg_acc),
             ("bal_acc", self.balanced()),
         ] {
             if let Some(v) = v {
-                m.set(&format!("{prefix}_{name}"), v);
+                m.set(&format!("{prefix}_{name}{suffix}"), v);
             }
         }
     }
@@ -433,6 +458,23 @@ pub fn quality<'a>(steps: impl IntoIterator<Item = (bool, &'a [Verdict])>) -> Ju
             .into_iter()
             .map(|(oracle, verdicts)| (oracle, crate::reward::majority(verdicts))),
     )
+}
+
+/// [`quality`] for each kind of step apart: `(kind, oracle label, verdicts)` per step;
+/// unclassified steps (empty kind) are left out. Kinds in name order.
+pub fn quality_by_kind<'a>(
+    steps: impl IntoIterator<Item = (&'a str, bool, &'a [Verdict])>,
+) -> Vec<(String, JudgeQuality)> {
+    let mut by_kind: std::collections::BTreeMap<&str, Vec<(bool, &[Verdict])>> = Default::default();
+    for (kind, label, verdicts) in steps {
+        if !kind.is_empty() {
+            by_kind.entry(kind).or_default().push((label, verdicts));
+        }
+    }
+    by_kind
+        .into_iter()
+        .map(|(kind, steps)| (kind.to_string(), quality(steps)))
+        .collect()
 }
 
 /// Scores single votes against oracle labels (every vote counts on its own, no majority):
@@ -531,6 +573,7 @@ mod tests {
             observation: observation.into(),
             dims: Vec::new(),
             oracle_blame: Vec::new(),
+            kind: String::new(),
         };
         let earlier = [step("L", "9\n"), step("R", "3\n")];
         assert_eq!(
@@ -547,6 +590,29 @@ mod tests {
             prompt_text("L if sign<5 else R\n1\n", &h, "L", "7"),
             "T:L if sign<5 else R\n1\nH:L>9|R>3\nS:L\nO:7\nV:"
         );
+    }
+
+    #[test]
+    fn quality_by_kind_splits_and_leaves_unclassified_steps_out() {
+        let (plus, minus): (&[Verdict], &[Verdict]) = (&[1, 1, -1], &[-1, -1, 1]);
+        let steps = [
+            ("borderline", true, plus),   // right
+            ("borderline", true, minus),  // wrong
+            ("borderline", false, minus), // right
+            ("clear", true, plus),        // right
+            ("", false, plus),            // unclassified: left out
+        ];
+        let q = quality_by_kind(steps);
+        assert_eq!(q.len(), 2);
+        assert_eq!(q[0].0, "borderline");
+        assert_eq!((q[0].1.pos_acc, q[0].1.neg_acc), (Some(0.5), Some(1.0)));
+        assert_eq!(q[0].1.balanced(), Some(0.75));
+        assert_eq!(q[1].0, "clear");
+        assert_eq!((q[1].1.pos_acc, q[1].1.neg_acc), (Some(1.0), None));
+        let mut m = crate::rundir::Metrics::new(0);
+        q[0].1.set_for_kind(&mut m, "judge/eval", &q[0].0);
+        assert_eq!(m.get("judge/eval_bal_acc/borderline"), Some(0.75));
+        assert_eq!(m.get("judge/eval_pos_acc/borderline"), Some(0.5));
     }
 
     #[test]

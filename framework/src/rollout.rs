@@ -30,6 +30,9 @@ pub struct StepSpan {
     /// The oracle's attribution of the step's failure ([`StepResult::blame`]; empty when
     /// correct); only the upper-bound `critic: Oracle` uses it.
     pub oracle_blame: Vec<usize>,
+    /// The environment's kind of step ([`StepResult::kind`]; empty when not classified).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kind: String,
 }
 
 impl StepSpan {
@@ -47,6 +50,7 @@ impl StepSpan {
             } else {
                 result.blame
             },
+            kind: result.kind,
         }
     }
 }

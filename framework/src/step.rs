@@ -13,7 +13,7 @@ use crate::judge::JudgedStep;
 use crate::ppo::{Sample, Unit, UpdateStats};
 use crate::reward::{self, Advantage, Consistency, Verdict};
 use crate::rng::Rng;
-use crate::rollout::Trajectory;
+use crate::rollout::{StepSpan, Trajectory};
 use crate::rundir::Metrics;
 
 /// One group of `G` rollouts of one task: a slot's own task, or its pending proposal.
@@ -470,6 +470,32 @@ pub fn propose(
     }
 }
 
+/// The steps split by the environment's kind of step (unclassified steps left out):
+/// `env/step_acc/<kind>`, the right share of the steps of that kind, and `env/wrong/<kind>`,
+/// the share of all wrong steps that are of that kind.
+pub fn kind_metrics<'a>(m: &mut Metrics, steps: impl Iterator<Item = &'a StepSpan>) {
+    // kind → (steps, right steps), in name order so the metrics' order is fixed.
+    let mut by_kind: std::collections::BTreeMap<&str, (usize, usize)> = Default::default();
+    let mut wrong = 0usize;
+    for s in steps {
+        wrong += usize::from(!s.oracle);
+        if !s.kind.is_empty() {
+            let e = by_kind.entry(s.kind.as_str()).or_default();
+            e.0 += 1;
+            e.1 += usize::from(s.oracle);
+        }
+    }
+    for (kind, (n, right)) in by_kind {
+        m.set(&format!("env/step_acc/{kind}"), right as f64 / n as f64);
+        if wrong > 0 {
+            m.set(
+                &format!("env/wrong/{kind}"),
+                (n - right) as f64 / wrong as f64,
+            );
+        }
+    }
+}
+
 /// The training-side metrics of a step: environment, rewards, updates and judge verdicts.
 /// Rollouts of rejected proposals are left out of everything but `env/*` counts.
 pub fn step_metrics(
@@ -503,7 +529,10 @@ pub fn step_metrics(
     m.set("env/step_acc", accuracy(&step_labels));
     // The right-step share of solved and of failed episodes apart: how right a policy must be
     // to succeed, read beside how right it is (absent in a step with no such episode).
-    for (key, solved) in [("env/step_acc_solved", true), ("env/step_acc_failed", false)] {
+    for (key, solved) in [
+        ("env/step_acc_solved", true),
+        ("env/step_acc_failed", false),
+    ] {
         let labels: Vec<bool> = used
             .iter()
             .filter(|&&i| batch.trajs[i].outcome == solved)
@@ -513,6 +542,7 @@ pub fn step_metrics(
             m.set(key, accuracy(&labels));
         }
     }
+    kind_metrics(m, used.iter().flat_map(|&i| batch.trajs[i].steps.iter()));
     for (name, d) in dim_names.iter().zip(mean_difficulty(slots)) {
         m.set(&format!("env/difficulty/{name}"), d);
     }
@@ -678,6 +708,7 @@ mod tests {
                     observation: String::new(),
                     dims: blame.to_vec(),
                     oracle_blame: blame.to_vec(),
+                    kind: String::new(),
                 })
                 .collect(),
             outcome,
@@ -963,6 +994,40 @@ mod tests {
         assert_eq!(m.get("policy/mixed_groups"), Some(1.0));
         assert_eq!(m.get("policy/units"), Some(2.0));
         assert_eq!(m.get("policy/uniform_units"), Some(0.0));
+    }
+
+    #[test]
+    fn kind_metrics_hand_computed() {
+        let span = |oracle: bool, kind: &str| StepSpan {
+            start: 0,
+            end: 1,
+            text: String::new(),
+            oracle,
+            observation: String::new(),
+            dims: Vec::new(),
+            oracle_blame: Vec::new(),
+            kind: kind.into(),
+        };
+        // Five steps, three wrong: two `invalid`, one unclassified.
+        let steps = [
+            span(true, "progress"),
+            span(false, "invalid"),
+            span(false, "invalid"),
+            span(true, "search"),
+            span(false, ""),
+        ];
+        let mut m = Metrics::new(1);
+        kind_metrics(&mut m, steps.iter());
+        assert_eq!(m.get("env/step_acc/progress"), Some(1.0));
+        assert_eq!(m.get("env/step_acc/invalid"), Some(0.0));
+        assert_eq!(m.get("env/wrong/invalid"), Some(2.0 / 3.0));
+        assert_eq!(m.get("env/wrong/progress"), Some(0.0));
+        assert_eq!(m.get("env/wrong/search"), Some(0.0));
+        assert_eq!(
+            m.get("env/step_acc/"),
+            None,
+            "unclassified steps get no metric"
+        );
     }
 
     #[test]

@@ -113,7 +113,7 @@
 //!
 //! # Oracle labels, step dims, blame
 //!
-//! The episode ends when the goal holds or after [`DesktopEpisode::max_steps`] steps (the
+//! The episode ends when the goal holds or after `max_steps` steps (the
 //! expert's plan + `slack`, 4 by default). A step is labelled right when it was valid and the expert planner
 //! ([`app::expert`], which acts on the hints and the menus the agent has opened) needs fewer
 //! actions from the new state than from the old. Step `i`'s `dims` is what the expert's action
@@ -151,7 +151,7 @@ use crate::planner::{Plan, PlanEpisode};
 use app::{Action, App, Control, Dialog, Elem, Goal, Hint, Id, Setting};
 use rlany_framework::check::{self, Checked};
 use rlany_framework::plugin::EnvironmentPlugin;
-use rlany_framework::{Difficulty, Dim, Environment, Episode, Rng, Split, StepResult};
+use rlany_framework::{Difficulty, Dim, Environment, Episode, Rng, Split};
 use serde::{Deserialize, Serialize};
 
 /// Index of the `depth` dimension.
@@ -302,8 +302,10 @@ impl Desktop {
     }
 
     /// Like [`Environment::sample`], but returns the concrete episode type.
-    pub fn sample_episode(&self, d: &[f64], split: Split, seed: u64) -> DesktopEpisode {
-        DesktopEpisode::new(self.draw(d, split, seed), self.slack)
+    fn sample_episode(&self, d: &[f64], split: Split, seed: u64) -> DesktopEpisode {
+        let task = self.draw(d, split, seed);
+        let app = task.app.clone();
+        PlanEpisode::new(task, app, self.slack)
     }
 
     fn draw(&self, d: &[f64], split: Split, seed: u64) -> Task {
@@ -715,6 +717,13 @@ impl Environment for Desktop {
 
 impl Plan for Task {
     type World = App;
+    const INSTRUCTIONS: &'static str = INSTRUCTIONS;
+    fn prompt(&self) -> &str {
+        &self.prompt
+    }
+    fn task_key(&self) -> String {
+        format!("{}|{:?}", self.prompt, self.app.elems)
+    }
     fn distance(&self, app: &App) -> usize {
         app::distance(app, &self.goal, &self.hints)
     }
@@ -725,51 +734,13 @@ impl Plan for Task {
         let out = app.act(action);
         (out.text, out.valid)
     }
-}
-
-/// One `desktop` task being played (see the module docs): the planner episode
-/// on the editor.
-#[derive(Debug, Clone)]
-pub struct DesktopEpisode {
-    core: PlanEpisode<Task>,
-}
-
-impl DesktopEpisode {
-    fn new(task: Task, slack: usize) -> Self {
-        let app = task.app.clone();
-        Self {
-            core: PlanEpisode::new(task, app, slack),
-        }
-    }
-
-    /// The step budget: the expert's plan length + the environment's `slack` (4 by default).
-    pub fn max_steps(&self) -> usize {
-        self.core.max_steps()
-    }
-
-    /// Number of steps taken so far.
-    pub fn steps_taken(&self) -> usize {
-        self.core.steps_taken()
-    }
-
-    /// The expert's remaining number of actions from the current state.
-    pub fn distance(&self) -> usize {
-        self.core.distance()
-    }
-
-    /// The editor as the agent's actions left it.
-    fn app(&self) -> &App {
-        &self.core.world
-    }
-
-    /// The expert's next action from the current state (`None` once the goal holds).
-    pub fn expert_action(&self) -> Option<String> {
-        app::expert(self.app(), &self.core.task.goal, &self.core.task.hints)
+    fn expert(&self, app: &App) -> Option<String> {
+        app::expert(app, &self.goal, &self.hints)
     }
 
     /// The dims the expert's next action exercises (see the module docs).
-    fn expert_dims(&self) -> Vec<usize> {
-        let Some(a) = self.expert_action() else {
+    fn step_dims(&self, app: &App) -> Vec<usize> {
+        let Some(a) = self.expert(app) else {
             return vec![DEPTH, SUBGOALS, DISTRACTORS];
         };
         if a == "key(ctrl+s)" {
@@ -780,28 +751,22 @@ impl DesktopEpisode {
             _ => return Vec::new(),
         };
         let mut dims = Vec::new();
-        match self.app().elems.get(id.wrapping_sub(1)) {
-            Some(Elem::Menu { .. }) if !self.app().bar.contains(&id) => dims.push(DEPTH),
+        match app.elems.get(id.wrapping_sub(1)) {
+            Some(Elem::Menu { .. }) if !app.bar.contains(&id) => dims.push(DEPTH),
             Some(Elem::Tab { .. }) => dims.push(DEPTH),
             Some(Elem::Menu { .. }) => {
                 // A menu-bar menu opened while the path is not hinted: exploring.
-                let g = self
-                    .core
-                    .task
-                    .goal
-                    .set
-                    .iter()
-                    .position(|(s, v)| self.app().values[*s] != *v);
-                if g.is_some_and(|g| self.core.task.hints.get(g) != Some(&Hint::Path)) {
+                let g = self.goal.set.iter().position(|(s, v)| app.values[*s] != *v);
+                if g.is_some_and(|g| self.hints.get(g) != Some(&Hint::Path)) {
                     dims.push(DISTRACTORS);
                 }
             }
             _ => {}
         }
         // A step towards the second setting.
-        if let Some((s2, _)) = self.core.task.goal.set.get(1)
-            && self.app().values[self.core.task.goal.set[0].0] == self.core.task.goal.set[0].1
-            && self.app().values[*s2] != self.core.task.goal.set[1].1
+        if let Some((s2, _)) = self.goal.set.get(1)
+            && app.values[self.goal.set[0].0] == self.goal.set[0].1
+            && app.values[*s2] != self.goal.set[1].1
         {
             dims.push(SUBGOALS);
         }
@@ -809,43 +774,16 @@ impl DesktopEpisode {
     }
 }
 
+/// One `desktop` task being played (see the module docs): the planner episode on the
+/// editor.
+type DesktopEpisode = PlanEpisode<Task>;
+
 /// What a pretrained chat model is told before the task (see [`Episode::instructions`]).
 const INSTRUCTIONS: &str = "You control a document editor through its accessibility view: every element is shown \
 as `[ID]name`. Do the settings the first line below asks for, then save. Reply with exactly \
 one action per message: `click(ID)`, `type(ID, \"TEXT\")`, `key(enter)`, `key(escape)`, \
 `key(ctrl+s)` or `scroll(ID, N)` (a drop-down list shows a few options; N moves it). \
 After each action I show the new view, what OK applied, or `error: <why>`.";
-
-impl Episode for DesktopEpisode {
-    fn prompt(&self) -> String {
-        self.core.task.prompt.clone()
-    }
-
-    fn instructions(&self) -> Option<String> {
-        Some(INSTRUCTIONS.to_string())
-    }
-
-    fn step(&mut self, action: &str) -> StepResult {
-        if self.core.done() {
-            return StepResult::ended();
-        }
-        let dims = self.expert_dims();
-        let text = self.core.play(action, dims, false);
-        self.core.answer(text)
-    }
-
-    fn done(&self) -> bool {
-        self.core.done()
-    }
-
-    fn outcome(&self) -> bool {
-        self.core.solved()
-    }
-
-    fn task_key(&self) -> String {
-        format!("{}|{:?}", self.core.task.prompt, self.core.task.app.elems)
-    }
-}
 
 #[cfg(test)]
 mod tests;

@@ -155,7 +155,7 @@ fn the_expert_solves_every_sampled_task_with_every_step_progress() {
         let (ep, _) = play(&env, &d, split, i as u64);
         solved += usize::from(ep.outcome());
         for s in 0..ep.steps_taken() {
-            assert!(ep.core.label_of(s), "task {i} step {s}");
+            assert!(ep.label_of(s), "task {i} step {s}");
         }
     }
     assert!(solved * 100 >= n * 99, "{solved}/{n}");

@@ -94,7 +94,7 @@
 //!
 //! # Outcome, oracle labels, step dims, blame
 //!
-//! The episode ends when the goal holds (outcome true) or after [`HouseholdEpisode::max_steps`]
+//! The episode ends when the goal holds (outcome true) or after `max_steps`
 //! steps (the expert's plan length + `slack`, 4 by default: the horizon, set with the tasks
 //! fixed; the warm start's demonstrations are cut at plan + 4 whatever `slack` is). The oracle label of a step is *progress by the
 //! expert's distance*: the action was valid and the number of actions the expert planner
@@ -137,7 +137,7 @@ use crate::draw;
 use crate::planner::{Plan, PlanEpisode};
 use rlany_framework::check::{self, Checked};
 use rlany_framework::plugin::EnvironmentPlugin;
-use rlany_framework::{Difficulty, Dim, Environment, Episode, Rng, Split, StepResult};
+use rlany_framework::{Difficulty, Dim, Environment, Episode, Rng, Split};
 use serde::{Deserialize, Serialize};
 use world::{Goal, Hint, Need, Object, Place, Receptacle, State, Tool, World};
 
@@ -266,6 +266,8 @@ struct Task {
     goal: Goal,
     hints: Vec<Hint>,
     prompt: String,
+    /// Every observation ends with the admissible actions (the environment's setting).
+    list_actions: bool,
 }
 
 /// The `household` environment (see the module docs).
@@ -306,10 +308,11 @@ impl Household {
     }
 
     /// Like [`Environment::sample`], but returns the concrete episode type.
-    pub fn sample_episode(&self, d: &[f64], split: Split, seed: u64) -> HouseholdEpisode {
-        let mut ep =
-            HouseholdEpisode::new(self.draw(d, split, seed), self.list_actions, self.slack);
-        ep.label = self.label;
+    fn sample_episode(&self, d: &[f64], split: Split, seed: u64) -> HouseholdEpisode {
+        let task = self.draw(d, split, seed);
+        let world = task.world.clone();
+        let mut ep = PlanEpisode::new(task, world, self.slack);
+        ep.search_right = self.label == Label::Belief;
         ep
     }
 
@@ -510,6 +513,7 @@ impl Household {
             goal,
             hints,
             prompt,
+            list_actions: self.list_actions,
         }
     }
 }
@@ -693,6 +697,13 @@ fn wander(w: &World, v: f64) -> Option<String> {
 
 impl Plan for Task {
     type World = World;
+    const INSTRUCTIONS: &'static str = INSTRUCTIONS;
+    fn prompt(&self) -> &str {
+        &self.prompt
+    }
+    fn task_key(&self) -> String {
+        format!("{}|{:?}", self.prompt, self.world.objs)
+    }
     fn distance(&self, world: &World) -> usize {
         world::distance(world, self.goal, &self.hints)
     }
@@ -703,73 +714,23 @@ impl Plan for Task {
         let out = world.act(action.trim(), self.goal);
         (out.text, out.valid)
     }
-}
-
-/// One `household` task being played (see the module docs): the planner episode on the
-/// house.
-#[derive(Debug, Clone)]
-pub struct HouseholdEpisode {
-    core: PlanEpisode<Task>,
-    list_actions: bool,
-    label: Label,
-}
-
-impl HouseholdEpisode {
-    fn new(task: Task, list_actions: bool, slack: usize) -> Self {
-        let world = task.world.clone();
-        Self {
-            core: PlanEpisode::new(task, world, slack),
-            list_actions,
-            label: Label::Foresight,
-        }
+    fn expert(&self, world: &World) -> Option<String> {
+        world::expert(world, self.goal, &self.hints)
     }
 
-    /// The step budget: the expert's plan length + the environment's `slack` (4 by default).
-    pub fn max_steps(&self) -> usize {
-        self.core.max_steps()
-    }
-
-    /// Number of steps taken so far.
-    pub fn steps_taken(&self) -> usize {
-        self.core.steps_taken()
-    }
-
-    /// The expert's remaining number of actions from the current state.
-    pub fn distance(&self) -> usize {
-        self.core.distance()
-    }
-
-    /// The admissible actions now (what `help` shows).
-    pub fn admissible(&self) -> Vec<String> {
-        self.core.world.admissible()
-    }
-
-    /// The expert's next action from the current state (`None` once the goal holds).
-    pub fn expert_action(&self) -> Option<String> {
-        let task = &self.core.task;
-        world::expert(&self.core.world, task.goal, &task.hints)
-    }
-
-    fn placed(&self) -> usize {
-        match self.core.task.goal {
-            Goal::Put { obj, dest, .. } => self
-                .core
-                .world
+    /// What the expert's action here exercises (see the module docs).
+    fn step_dims(&self, world: &World) -> Vec<usize> {
+        let expert = self.expert(world);
+        let verb = expert.as_deref().and_then(|a| a.split_whitespace().next());
+        let placed = match self.goal {
+            Goal::Put { obj, dest, .. } => world
                 .objs
                 .iter()
                 .filter(|o| o.name == obj && o.at == Place::In(dest))
                 .count(),
             Goal::Examine { .. } => 0,
-        }
-    }
-
-    /// The dims a step from the current state exercises: what the expert's action here
-    /// exercises (see the module docs).
-    fn step_dims(&self) -> Vec<usize> {
-        let expert = self.expert_action();
-        let verb = expert.as_deref().and_then(|a| a.split_whitespace().next());
-        let second =
-            matches!(self.core.task.goal, Goal::Put { count: 2, .. }) && self.placed() >= 1;
+        };
+        let second = matches!(self.goal, Goal::Put { count: 2, .. }) && placed >= 1;
         match verb {
             None => vec![ROOMS, SEARCH, GOAL],
             Some("go") => vec![ROOMS],
@@ -779,7 +740,24 @@ impl HouseholdEpisode {
             Some(_) => vec![GOAL],
         }
     }
+
+    /// One of the expert's equally good choices given what the agent has seen.
+    fn search_choice(&self, world: &World, action: &str) -> bool {
+        let said = action.split_whitespace().collect::<Vec<_>>().join(" ");
+        world::expert_choices(world, self.goal, &self.hints).contains(&said)
+    }
+
+    fn observe(&self, world: &World, mut text: String) -> String {
+        if self.list_actions {
+            text.push_str(&format!("\ncan: {}", world.admissible().join(", ")));
+        }
+        text
+    }
 }
+
+/// One `household` task being played (see the module docs): the planner episode on the
+/// house. With `Label::Belief` a search step is right ([`PlanEpisode::search_right`]).
+type HouseholdEpisode = PlanEpisode<Task>;
 
 /// What a pretrained chat model is told before the task (see [`Episode::instructions`]).
 const INSTRUCTIONS: &str = "You are in a house and must reach the goal on the first line below. \
@@ -788,51 +766,6 @@ Reply with exactly one action per message: `go ROOM`, `open RECEPTACLE`, `take O
 oven or fridge), `examine` (the held object, under the lamp) or `help`. After each action I \
 show what changed: a room as `name[contents]` for an open receptacle and `name?` for a shut \
 one, `holding OBJECT`, or `error: <why>`. The episode ends when the goal holds.";
-
-impl Episode for HouseholdEpisode {
-    fn prompt(&self) -> String {
-        self.core.task.prompt.clone()
-    }
-
-    fn instructions(&self) -> Option<String> {
-        Some(INSTRUCTIONS.to_string())
-    }
-
-    fn step(&mut self, action: &str) -> StepResult {
-        if self.core.done() {
-            return StepResult::ended();
-        }
-        let dims = self.step_dims();
-        // With belief labels, one of the expert's equally good choices given what the agent
-        // has seen is right even when the true world's plan did not shrink.
-        let belief_right = self.label == Label::Belief && {
-            let task = &self.core.task;
-            let said = action.split_whitespace().collect::<Vec<_>>().join(" ");
-            world::expert_choices(&self.core.world, task.goal, &task.hints).contains(&said)
-        };
-        let mut observation = self.core.play(action, dims, belief_right);
-        if self.list_actions {
-            observation.push_str(&format!(
-                "\ncan: {}",
-                self.core.world.admissible().join(", ")
-            ));
-        }
-        self.core.answer(observation)
-    }
-
-    fn done(&self) -> bool {
-        self.core.done()
-    }
-
-    fn outcome(&self) -> bool {
-        self.core.solved()
-    }
-
-    fn task_key(&self) -> String {
-        let task = &self.core.task;
-        format!("{}|{:?}", task.prompt, task.world.objs)
-    }
-}
 
 #[cfg(test)]
 mod tests;

@@ -189,14 +189,16 @@ fn the_expert_plans_on_what_it_knows_and_labels_are_progress() {
 
 fn task_episode(world: World, goal: Goal, hints: Vec<Hint>) -> HouseholdEpisode {
     let prompt = prompt(&world, goal, &hints, false);
-    HouseholdEpisode::new(
+    let start = world.clone();
+    PlanEpisode::new(
         Task {
             world,
             goal,
             hints,
             prompt,
+            list_actions: false,
         },
-        false,
+        start,
         STEP_SLACK,
     )
 }
@@ -225,17 +227,17 @@ fn labels_blame_and_step_dims() {
     let r = ep.step("put basket");
     assert!(r.done && r.observation.is_empty() && ep.outcome());
     for (i, (a, label)) in steps.iter().enumerate() {
-        assert_eq!(ep.core.label_of(i), *label, "step {i}: {a}");
+        assert_eq!(ep.label_of(i), *label, "step {i}: {a}");
     }
-    assert!(ep.core.label_of(11));
-    assert!(!ep.core.label_of(12));
-    assert_eq!(ep.core.dims_of(0), vec![ROOMS]); // the expert would have gone to the bath
-    assert_eq!(ep.core.blame_of(0), vec![ROOMS]);
-    assert_eq!(ep.core.blame_of(2), Vec::<usize>::new()); // invalid: no blame
-    assert_eq!(ep.core.dims_of(5), vec![SEARCH]);
-    assert_eq!(ep.core.dims_of(7), Vec::<usize>::new());
-    assert_eq!(ep.core.dims_of(9), vec![GOAL]);
-    assert!(ep.core.blame_of(9).is_empty());
+    assert!(ep.label_of(11));
+    assert!(!ep.label_of(12));
+    assert_eq!(ep.dims_of(0), vec![ROOMS]); // the expert would have gone to the bath
+    assert_eq!(ep.blame_of(0), vec![ROOMS]);
+    assert_eq!(ep.blame_of(2), Vec::<usize>::new()); // invalid: no blame
+    assert_eq!(ep.dims_of(5), vec![SEARCH]);
+    assert_eq!(ep.dims_of(7), Vec::<usize>::new());
+    assert_eq!(ep.dims_of(9), vec![GOAL]);
+    assert!(ep.blame_of(9).is_empty());
     assert!(ep.step("go kitchen").done);
 }
 
@@ -253,7 +255,7 @@ fn the_expert_solves_every_sampled_task_with_every_step_progress() {
             solved += 1;
         }
         for s in 0..ep.steps_taken() {
-            assert!(ep.core.label_of(s), "task {i} step {s} not progress");
+            assert!(ep.label_of(s), "task {i} step {s} not progress");
         }
     }
     assert!(solved * 100 >= n * 99, "expert solved {solved}/{n}");
@@ -472,15 +474,11 @@ fn every_admissible_action_is_valid() {
         let d: Vec<f64> = (0..4).map(|_| rng.uniform()).collect();
         let mut ep = env.sample_episode(&d, Split::Train, seed);
         for _ in 0..8 {
-            let can = ep.admissible();
+            let can = ep.world.admissible();
             assert!(!can.is_empty());
             for a in &can {
-                let mut w = ep.core.world.clone();
-                assert!(
-                    w.act(a, ep.core.task.goal).valid,
-                    "{a} in {:?}",
-                    ep.core.world
-                );
+                let mut w = ep.world.clone();
+                assert!(w.act(a, ep.task.goal).valid, "{a} in {:?}", ep.world);
             }
             let a = can[rng.below(can.len())].clone();
             if ep.step(&a).done {
@@ -497,7 +495,7 @@ fn every_admissible_action_is_valid() {
             .last()
             .is_some_and(|l| l.starts_with("can: "))
     );
-    let a = ep.admissible()[0].clone();
+    let a = ep.world.admissible()[0].clone();
     assert!(ep.step(&a).observation.contains("\ncan: "));
 }
 
@@ -638,13 +636,29 @@ fn the_belief_label_accepts_every_equally_good_search_step() {
     );
     for (label, drawer_right) in [(Label::Foresight, false), (Label::Belief, true)] {
         let mut ep = task_episode(w.clone(), HOT_EGG, vec![Hint::None]);
-        ep.label = label;
-        ep.step("open  drawer"); // empty, and not on the expert's plan
-        ep.step("open fridge"); // the expert's own choice: right under both
-        ep.step("open drawer"); // already open: invalid, wrong under both
-        ep.step("take egg"); // right under both
-        let labels: Vec<bool> = (0..4).map(|i| ep.core.label_of(i)).collect();
-        assert_eq!(labels, [drawer_right, true, false, true], "{label:?}");
+        ep.search_right = label == Label::Belief;
+        let kinds: Vec<String> = [
+            "open  drawer", // empty, and not on the expert's plan: a search step
+            "open fridge",  // the expert's own choice: right under both
+            "open drawer",  // already open: invalid, wrong under both
+            "take egg",     // right under both
+            "help",         // lists the actions: not one of them, a wasted step
+        ]
+        .iter()
+        .map(|a| ep.step(a).kind)
+        .collect();
+        let labels: Vec<bool> = (0..5).map(|i| ep.label_of(i)).collect();
+        assert_eq!(
+            labels,
+            [drawer_right, true, false, true, false],
+            "{label:?}"
+        );
+        // The kinds are the label's reasons, the same under both labels.
+        assert_eq!(
+            kinds,
+            ["search", "progress", "invalid", "progress", "invalid"],
+            "{label:?}"
+        );
     }
 }
 
@@ -667,7 +681,7 @@ fn the_belief_label_only_adds_right_steps() {
             let act = match a.expert_action() {
                 Some(e) if rng.uniform() < 0.5 => e,
                 _ => {
-                    let can = a.core.world.admissible();
+                    let can = a.world.admissible();
                     can[(rng.uniform() * can.len() as f64) as usize % can.len()].clone()
                 }
             };
@@ -679,11 +693,8 @@ fn the_belief_label_only_adds_right_steps() {
         }
         assert_eq!(a.outcome(), b.outcome());
         for i in 0..a.steps_taken() {
-            assert!(
-                !a.core.label_of(i) || b.core.label_of(i),
-                "seed {seed} step {i}"
-            );
-            more += usize::from(b.core.label_of(i) && !a.core.label_of(i));
+            assert!(!a.label_of(i) || b.label_of(i), "seed {seed} step {i}");
+            more += usize::from(b.label_of(i) && !a.label_of(i));
             total += 1;
         }
     }

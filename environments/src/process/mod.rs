@@ -13,7 +13,7 @@
 //! |--------------------------------------|--------------------------------------------------|
 //! | build: difficulty space, eval grid   | `hello` (`name`, `dims`, `eval_levels`)          |
 //! | `sample(d, split, seed)`             | `reset` (`prompt`, `instructions`, `key`)        |
-//! | `Episode::step(action)`              | `step` (`observation`, `done`, `won`, `label`, `dims`, `blame`) |
+//! | `Episode::step(action)`              | `step` (`observation`, `done`, `won`, `label`, `dims`, `blame`, `kind`) |
 //! | `outcome`                            | nothing: kept from the last `step` reply (`won`) |
 //! | `demonstration(d, noise, seed)`      | `reset` (for the prompt), `close`, `demo` (`actions`) |
 //! | the episode is dropped               | `close` (its reply is not waited for)            |
@@ -508,6 +508,7 @@ impl ProcessEpisode {
                     label: s.label,
                     dims: s.dims,
                     blame: s.blame,
+                    kind: s.kind,
                 })
             }
             Err(e) => {

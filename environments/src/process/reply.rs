@@ -184,6 +184,8 @@ struct StepWire {
     dims: Option<Vec<u64>>,
     #[serde(default)]
     blame: Option<Vec<u64>>,
+    #[serde(default)]
+    kind: Option<String>,
 }
 
 /// The `step` reply.
@@ -201,6 +203,8 @@ pub struct Step {
     pub dims: Vec<usize>,
     /// The oracle's blame of this step.
     pub blame: Vec<usize>,
+    /// The environment's kind of step (empty when not given).
+    pub kind: String,
 }
 
 impl Step {
@@ -214,6 +218,15 @@ impl Step {
             label: w.label.unwrap_or(false),
             dims: indices(w.dims, "dims", dims)?,
             blame: indices(w.blame, "blame", dims)?,
+            kind: match w.kind {
+                Some(k) if !rlany_framework::env::valid_kind(&k) => {
+                    return Err(format!(
+                        "`kind` {k:?} is not a step kind (at most {} characters of a-z, 0-9 and _)",
+                        rlany_framework::env::MAX_KIND_LEN
+                    ));
+                }
+                k => k.unwrap_or_default(),
+            },
         })
     }
 }
@@ -284,7 +297,24 @@ mod tests {
         let s = Step::read(&obj(json!({"observation": "at 3", "done": false})), 2).expect("ok");
         assert_eq!((s.won, s.label, s.dims.len()), (false, false, 0));
         let s = Step::read(&obj(json!({"observation": "", "done": true, "won": true, "label": true, "dims": [0, 1], "blame": [1]})), 2).expect("ok");
-        assert_eq!((s.won, s.dims, s.blame), (true, vec![0, 1], vec![1]));
+        assert_eq!(
+            (s.won, s.dims, s.blame, s.kind),
+            (true, vec![0, 1], vec![1], String::new())
+        );
+        let s = Step::read(
+            &obj(json!({"observation": "", "done": false, "kind": "off_plan"})),
+            2,
+        )
+        .expect("ok");
+        assert_eq!(s.kind, "off_plan");
+        for bad in ["Off plan", "a-b", "abcdefghijklmnopqrstuvwxyz"] {
+            let e = Step::read(
+                &obj(json!({"observation": "", "done": false, "kind": bad})),
+                2,
+            )
+            .expect_err(bad);
+            assert!(e.contains("`kind`"), "{e}");
+        }
         let e = Step::read(
             &obj(json!({"observation": "", "done": true, "dims": [2]})),
             2,

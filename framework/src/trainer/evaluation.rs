@@ -11,7 +11,7 @@ where
 {
     /// The judge's fixed evaluation pool (empty without a judge). The synthetic judge reads
     /// only its labels; its prompts are fitted to the policy's context.
-    pub(super) fn make_judge_pool(&self) -> Vec<(Vec<u32>, bool)> {
+    pub(super) fn make_judge_pool(&self) -> Vec<judge::PoolStep> {
         let max_len = match (&self.judge, &self.synthetic) {
             (Some(j), _) => Some(j.max_seq_len()),
             (None, Some(_)) => Some(self.policy.max_seq_len()),
@@ -121,7 +121,7 @@ where
             )?;
         } else if let Some(s) = &self.synthetic {
             let mut rng = Rng::derive(seed ^ step as u64, "judge-eval");
-            let pool = s.judge_labels(self.judge_pool.iter().map(|(_, label)| label), &mut rng);
+            let pool = s.judge_labels(self.judge_pool.iter().map(|p| &p.label), &mut rng);
             self.judge_quality(m, &pool);
             judged_id = s.judge_steps(shown, &mut rng);
         }
@@ -139,7 +139,7 @@ where
                         } else {
                             Vec::new()
                         };
-                        serde_json::json!({"text": s.text, "oracle": s.oracle, "observation": s.observation, "verdicts": v})
+                        serde_json::json!({"text": s.text, "oracle": s.oracle, "kind": s.kind, "observation": s.observation, "verdicts": v})
                     })
                     .collect();
                 self.dir.sample(&serde_json::json!({
@@ -152,16 +152,24 @@ where
     }
 
     /// The judge's quality on its pool (`judged[i]` judges pool entry `i`): majority verdicts
-    /// (`judge/eval_*`), single votes (`judge/eval_vote_*`) and the share of votes that are a
-    /// `+` or a `-` at all (`judge/eval_format_ok`).
+    /// (`judge/eval_*`, and by the environment's kind of step `judge/eval_*/<kind>`), single
+    /// votes (`judge/eval_vote_*`) and the share of votes that are a `+` or a `-` at all
+    /// (`judge/eval_format_ok`).
     pub(super) fn judge_quality(&self, m: &mut Metrics, judged: &[judge::JudgedStep]) {
         let labelled = || {
             judged
                 .iter()
-                .map(|js| (self.judge_pool[js.traj].1, js.verdicts.as_slice()))
+                .map(|js| (self.judge_pool[js.traj].label, js.verdicts.as_slice()))
         };
         judge::quality(labelled()).set(m, "judge/eval");
         judge::vote_quality(labelled()).set(m, "judge/eval_vote");
+        let by_kind = judge::quality_by_kind(judged.iter().map(|js| {
+            let p = &self.judge_pool[js.traj];
+            (p.kind.as_str(), p.label, js.verdicts.as_slice())
+        }));
+        for (kind, q) in by_kind {
+            q.set_for_kind(m, "judge/eval", &kind);
+        }
         if let Some(ok) = judge::format_ok(judged.iter().map(|js| js.verdicts.as_slice())) {
             m.set("judge/eval_format_ok", ok);
         }

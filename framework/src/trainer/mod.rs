@@ -424,7 +424,7 @@ struct Run<'a, B: AutodiffLogProbOps, M: AutodiffModule<B>> {
     /// The calibrated synthetic judge (`judge: Oracle`), which votes instead of a model.
     synthetic: Option<SyntheticJudge>,
     /// The fixed, balanced pool of labelled steps the judge is measured on.
-    judge_pool: Vec<(Vec<u32>, bool)>,
+    judge_pool: Vec<judge::PoolStep>,
     state: TrainerState,
     /// Rollout sampling (one step = one line).
     params: SampleParams,

@@ -143,7 +143,7 @@ where
                 rng.next_u64(),
             )
             .into_iter()
-            .map(|(prompt, label)| (prompt, label ^ rng.bernoulli(labels.label_noise)))
+            .map(|p| (p.prompt, p.label ^ rng.bernoulli(labels.label_noise)))
             .collect(),
         };
         m.insert("warm/judge_labels".into(), pool.len() as f64);

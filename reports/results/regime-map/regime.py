@@ -12,8 +12,10 @@ primary measure was seen to saturate — training success over the whole run (st
 row, paired by seed: mean and the half-width of the 95% Student-t interval. Finally the
 interactions the plan names (P3: the no-band judge's gain at 0.6 minus at 0.15; P4: at
 slack 12 minus slack 4; C3: corridor k 20 minus k 10; P5: the label without foresight minus
-today's at 0.6), paired by seed. A row's baseline is the one its suite.json names, looked up
-across all the suites read (the belief suite's rows pair with suite d060's outcome-only row).
+today's at 0.6; D4, round 2: desktop 0.5 minus 0.25), paired by seed. Round 2 adds the
+right-step share of the first quarter's rollouts and of their solved episodes, and the gap
+between them (`env/step_acc_solved`, absent from round 1's logs). A row's baseline is the
+one its suite.json names, looked up across all the suites read (the belief suite's rows pair with suite d060's outcome-only row).
 """
 import json
 import math
@@ -68,11 +70,15 @@ def read(run):
         "uniform_units_last_q": avg("policy/uniform_units", last - q + 1, last),
         "acc_start": final("eval/acc_start"),
         "acc_id": final("eval/acc_id"),
+        # Round 2 (desktop; the logs of round 1 have neither): the right-step share of the
+        # first quarter's rollouts, of its solved episodes, and the gap between them.
+        "right_first_q": avg("env/step_acc", 1, q),
+        "solved_right_first_q": avg("env/step_acc_solved", 1, q),
     }
 
 
 MEASURES = ["train_last_q", "acc_start", "acc_id", "right_last_q", "train_all",
-            "train_first5", "mixed_first_q"]
+            "train_first5", "mixed_first_q", "right_first_q", "solved_right_first_q", "gap_first_q"]
 
 
 def suite_runs(root, suite):
@@ -87,6 +93,8 @@ def suite_runs(root, suite):
             run = os.path.join(rdir, seed)
             if os.path.exists(os.path.join(run, "metrics.jsonl")):
                 r = read(run)
+                a, b = r["solved_right_first_q"], r["right_first_q"]
+                r["gap_first_q"] = a - b if a is not None and b is not None else None
                 if r["last"] == 40:  # finished runs only
                     rows.setdefault(row, {})[int(seed.split("-")[1])] = r
     baselines = {}
@@ -134,7 +142,8 @@ def report(root, suites):
              ("P4", "regime-household-d035-slack12", "regime-household-d035"),
              ("C3", "regime-corridor-k20", "regime-corridor-k10"),
              ("C3b", "regime-corridor-k30", "regime-corridor-k10"),
-             ("P5", "regime-household-d060-belief", "regime-household-d060")]
+             ("P5", "regime-household-d060-belief", "regime-household-d060"),
+             ("D4", "regime-desktop-d050", "regime-desktop-d025")]
     lines = []
     for name, hi, lo in pairs:
         for arm in ["judge_band", "judge_no_band", "judge_decomposed"]:
