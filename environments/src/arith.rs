@@ -456,15 +456,10 @@ impl Arith {
 
 impl Environment for Arith {
     fn difficulty_space(&self) -> Vec<Dim> {
-        let dim = |name: &str, lo: f64, hi: f64| Dim {
-            name: name.to_string(),
-            lo,
-            hi,
-        };
         vec![
-            dim("operands", 2.0, self.cfg.max_operands as f64),
-            dim("magnitude", 1.0, f64::from(self.cfg.max_digits)),
-            dim("carries", 0.0, MAX_CARRY_RATE),
+            Dim::new("operands", 2.0, self.cfg.max_operands as f64),
+            Dim::new("magnitude", 1.0, f64::from(self.cfg.max_digits)),
+            Dim::new("carries", 0.0, MAX_CARRY_RATE),
         ]
     }
 

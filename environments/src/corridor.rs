@@ -237,11 +237,11 @@ impl Corridor {
 
 impl Environment for Corridor {
     fn difficulty_space(&self) -> Vec<Dim> {
-        vec![Dim {
-            name: "length".to_string(),
-            lo: self.min_length as f64,
-            hi: self.max_length as f64,
-        }]
+        vec![Dim::new(
+            "length",
+            self.min_length as f64,
+            self.max_length as f64,
+        )]
     }
 
     fn sample(&self, d: &[f64], split: Split, seed: u64) -> Box<dyn Episode> {

@@ -16,6 +16,27 @@
 
 use rlany_framework::{Episode, StepResult};
 
+/// Steps beyond the expert's plan before an episode ends, by default (`slack`).
+pub const STEP_SLACK: usize = 4;
+/// The most `slack` a file may set.
+const MAX_SLACK: usize = 40;
+
+/// The checks a planner environment's settings share: `slack` in `0..=MAX_SLACK`, and one
+/// starting difficulty in `[0, 1]` per dimension, named by `dims`.
+pub(crate) fn check_settings(
+    slack: usize,
+    difficulty: &[f64],
+    dims: &[&str],
+) -> rlany_framework::check::Checked {
+    rlany_framework::check::count("slack", slack, 0, MAX_SLACK)?;
+    rlany_framework::check::difficulty("difficulty", difficulty, dims)
+}
+
+/// Whether `slack` is the default (a written file leaves it out then).
+pub(crate) fn is_default_slack(slack: &usize) -> bool {
+    *slack == STEP_SLACK
+}
+
 /// A task whose expert planner measures how far a world is from its goal: what an
 /// environment writes to be played by [`PlanEpisode`].
 pub(crate) trait Plan: Send {
@@ -302,28 +323,190 @@ fn kinds_labels_budget_and_blame() {
     assert_eq!(ep.answer(String::new()).observation, "");
 }
 
-/// Property shared by the planner environments' task draws (a test helper): raising one of the
-/// four difficulty coordinates by 0.1 never lowers its structural count and leaves the
-/// other three counts alone, and it moves its own count often enough (1500 draws).
+/// What the planner environments' tests share: properties every planner task must have,
+/// each a function of a way to sample episodes (household's and desktop's tests call them
+/// with their own environment and its own bounds).
 #[cfg(test)]
-pub(crate) fn assert_structurally_monotone<T>(
-    draw: impl Fn(&[f64], u64) -> T,
-    counts: impl Fn(&T) -> [usize; 4],
-) {
-    let mut rng = rlany_framework::Rng::new(11);
-    let mut moved = [0usize; 4];
-    for seed in 0..1500 {
-        let base: Vec<f64> = (0..4).map(|_| rng.uniform() * 0.9).collect();
-        let k = seed as usize % 4;
-        let mut up = base.clone();
-        up[k] += 0.1;
-        let (a, b) = (counts(&draw(&base, seed)), counts(&draw(&up, seed)));
-        assert!(b[k] >= a[k], "dim {k}, seed {seed}: {a:?} -> {b:?}");
-        for j in (0..4).filter(|&j| j != k) {
-            assert_eq!(a[j], b[j], "dim {k} moved dim {j}");
+pub(crate) mod testing {
+    use super::{Plan, PlanEpisode};
+    use rlany_framework::{Environment, Episode, Rng, Split};
+
+    /// Plays the expert on `ep` to the end; returns the whole text the model would read.
+    pub(crate) fn play_expert<P: Plan>(ep: &mut PlanEpisode<P>) -> String {
+        let mut text = ep.prompt();
+        while !ep.done() {
+            let Some(a) = ep.expert_action() else { break };
+            let r = ep.step(&a);
+            text.push_str(&a);
+            text.push('\n');
+            text.push_str(&r.observation);
+            text.push('\n');
         }
-        moved[k] += usize::from(b[k] > a[k]);
+        text
     }
-    // A 0.1 move changes the count in expectation (0.1·range per task of 375 per dim).
-    assert!(moved.iter().all(|&m| m >= 15), "{moved:?}");
+
+    /// The expert solves at least 99% of 3000 tasks over random difficulties and all
+    /// splits, and the oracle labels every one of its steps progress.
+    pub(crate) fn assert_expert_solves_with_progress<P: Plan>(
+        sample: impl Fn(&[f64], Split, u64) -> PlanEpisode<P>,
+    ) {
+        let mut rng = Rng::new(7);
+        let n = 3000;
+        let mut solved = 0;
+        for i in 0..n {
+            let d: Vec<f64> = (0..4).map(|_| rng.uniform()).collect();
+            let split = [Split::Train, Split::Eval, Split::Ood][i % 3];
+            let mut ep = sample(&d, split, i as u64);
+            play_expert(&mut ep);
+            solved += usize::from(ep.outcome());
+            for s in 0..ep.steps_taken() {
+                assert!(ep.label_of(s), "task {i} step {s} not progress");
+            }
+        }
+        assert!(solved * 100 >= n * 99, "expert solved {solved}/{n}");
+    }
+
+    /// The flawed expert's (noise 0.5) success rate at each level (400 tasks each), its
+    /// demonstrations replayed through `sample`'s episodes; and without noise it is the
+    /// expert: the same prompt, every task solved (200 tasks at 0.6).
+    pub(crate) fn flawed_expert_success<P: Plan>(
+        env: &dyn Environment,
+        sample: impl Fn(&[f64], Split, u64) -> PlanEpisode<P>,
+        levels: &[f64],
+    ) -> Vec<f64> {
+        let replay = |d: &[f64], noise: f64, seed: u64| {
+            let (prompt, acts) = env.demonstration(d, noise, seed);
+            let mut ep = sample(d, Split::Train, seed);
+            assert_eq!(prompt, ep.prompt());
+            for a in acts {
+                ep.step(&a);
+            }
+            ep.outcome()
+        };
+        for seed in 0..200 {
+            assert!(replay(&[0.6; 4], 0.0, seed), "seed {seed}");
+        }
+        levels
+            .iter()
+            .map(|&level| {
+                let ok = (0..400)
+                    .filter(|&seed| replay(&[level; 4], 0.5, seed))
+                    .count();
+                ok as f64 / 400.0
+            })
+            .collect()
+    }
+
+    /// 20 000 episodes of junk: a quarter `garbage` in turn, a quarter random Unicode, half
+    /// from `near_miss` (environment-specific almost-actions); every answer's observation is
+    /// at most `max_observation` bytes and no episode outruns its budget.
+    pub(crate) fn assert_junk_is_harmless<P: Plan>(
+        sample: impl Fn(&[f64], Split, u64) -> PlanEpisode<P>,
+        garbage: &[&str],
+        mut near_miss: impl FnMut(&mut Rng, u64) -> String,
+        max_observation: usize,
+    ) {
+        let mut rng = Rng::new(99);
+        for i in 0..20_000u64 {
+            let d: Vec<f64> = (0..4).map(|_| rng.uniform()).collect();
+            let mut ep = sample(&d, Split::Train, i % 97);
+            let action: String = match i % 4 {
+                0 => garbage[(i / 4) as usize % garbage.len()].to_string(),
+                1 => (0..rng.below(64))
+                    .map(|_| char::from_u32(rng.below(0x3000) as u32).unwrap_or('?'))
+                    .collect(),
+                _ => near_miss(&mut rng, i),
+            };
+            for _ in 0..3 {
+                let r = ep.step(&action);
+                assert!(r.observation.len() <= max_observation, "{}", r.observation);
+            }
+            assert!(ep.steps_taken() <= ep.max_steps());
+        }
+    }
+
+    /// Calls `check(a, b, k)` on 600 pairs of task draws with the same seed whose
+    /// difficulties differ in coordinate `k` only (k = seed mod 4; a rewrite): what `k` does
+    /// not control must be the same in both.
+    pub(crate) fn for_each_rewrite<T>(
+        draw: impl Fn(&[f64], u64) -> T,
+        mut check: impl FnMut(&T, &T, usize),
+    ) {
+        let mut rng = Rng::new(5);
+        for seed in 0..600 {
+            let base: Vec<f64> = (0..4).map(|_| rng.uniform()).collect();
+            let k = seed as usize % 4;
+            let mut other = base.clone();
+            other[k] = rng.uniform();
+            check(&draw(&base, seed), &draw(&other, seed), k);
+        }
+    }
+
+    /// No prompt of 20 000 tasks (random difficulties, all splits) is over `max` characters.
+    pub(crate) fn assert_prompts_bounded<P: Plan>(
+        sample: impl Fn(&[f64], Split, u64) -> PlanEpisode<P>,
+        max: usize,
+    ) {
+        let mut rng = Rng::new(21);
+        let longest = (0..20_000u64)
+            .map(|seed| {
+                let d: Vec<f64> = (0..4).map(|_| rng.uniform()).collect();
+                let split = [Split::Train, Split::Eval, Split::Ood][seed as usize % 3];
+                sample(&d, split, seed).prompt().chars().count()
+            })
+            .max();
+        assert!(longest.is_some_and(|l| l <= max), "{longest:?}");
+    }
+
+    /// `slack` sets the horizon with the tasks and the demonstrations fixed: two
+    /// environments of `slack` `tight` and `wide` (and the default's demonstrations) at
+    /// difficulty `d`, 20 seeds.
+    pub(crate) fn assert_slack_sets_the_horizon<P: Plan>(
+        (tight, wide): (usize, usize),
+        d: &[f64],
+        build: impl Fn(usize) -> Box<dyn Environment>,
+        sample: impl Fn(usize, &[f64], Split, u64) -> PlanEpisode<P>,
+    ) {
+        let default = build(super::STEP_SLACK);
+        for seed in 0..20u64 {
+            let (a, b) = (
+                sample(tight, d, Split::Train, seed),
+                sample(wide, d, Split::Train, seed),
+            );
+            assert_eq!(a.prompt(), b.prompt());
+            assert_eq!(a.max_steps(), a.distance() + tight);
+            assert_eq!(b.max_steps(), a.distance() + wide);
+            for slack in [tight, wide] {
+                assert_eq!(
+                    build(slack).demonstration(d, 0.5, seed),
+                    default.demonstration(d, 0.5, seed)
+                );
+            }
+        }
+    }
+
+    /// Property shared by the planner environments' task draws (a test helper): raising one of the
+    /// four difficulty coordinates by 0.1 never lowers its structural count and leaves the
+    /// other three counts alone, and it moves its own count often enough (1500 draws).
+    pub(crate) fn assert_structurally_monotone<T>(
+        draw: impl Fn(&[f64], u64) -> T,
+        counts: impl Fn(&T) -> [usize; 4],
+    ) {
+        let mut rng = rlany_framework::Rng::new(11);
+        let mut moved = [0usize; 4];
+        for seed in 0..1500 {
+            let base: Vec<f64> = (0..4).map(|_| rng.uniform() * 0.9).collect();
+            let k = seed as usize % 4;
+            let mut up = base.clone();
+            up[k] += 0.1;
+            let (a, b) = (counts(&draw(&base, seed)), counts(&draw(&up, seed)));
+            assert!(b[k] >= a[k], "dim {k}, seed {seed}: {a:?} -> {b:?}");
+            for j in (0..4).filter(|&j| j != k) {
+                assert_eq!(a[j], b[j], "dim {k} moved dim {j}");
+            }
+            moved[k] += usize::from(b[k] > a[k]);
+        }
+        // A 0.1 move changes the count in expectation (0.1·range per task of 375 per dim).
+        assert!(moved.iter().all(|&m| m >= 15), "{moved:?}");
+    }
 }

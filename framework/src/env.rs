@@ -26,6 +26,18 @@ pub struct Dim {
     pub hi: f64,
 }
 
+impl Dim {
+    /// The dimension `name`, whose difficulty 0 means `lo` and 1 means `hi` in the
+    /// environment's own units.
+    pub fn new(name: &str, lo: f64, hi: f64) -> Self {
+        Self {
+            name: name.to_string(),
+            lo,
+            hi,
+        }
+    }
+}
+
 /// A point of the difficulty space, each coordinate in `[0, 1]`.
 pub type Difficulty = Vec<f64>;
 

@@ -651,16 +651,11 @@ fn normalised(mut dims: Vec<usize>) -> Vec<usize> {
 
 impl Environment for Codegen {
     fn difficulty_space(&self) -> Vec<Dim> {
-        let dim = |name: &str, lo: f64, hi: f64| Dim {
-            name: name.to_string(),
-            lo,
-            hi,
-        };
         vec![
-            dim("length", 1.0, self.max_stages as f64),
-            dim("magnitude", RANGE.0, RANGE.1),
-            dim("variables", 0.0, MAX_VAR_RATE),
-            dim("examples", MAX_VISIBLE as f64, 1.0),
+            Dim::new("length", 1.0, self.max_stages as f64),
+            Dim::new("magnitude", RANGE.0, RANGE.1),
+            Dim::new("variables", 0.0, MAX_VAR_RATE),
+            Dim::new("examples", MAX_VISIBLE as f64, 1.0),
         ]
     }
 

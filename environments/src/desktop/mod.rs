@@ -147,9 +147,11 @@
 pub mod app;
 
 use crate::draw;
-use crate::planner::{Plan, PlanEpisode};
+/// Steps beyond the expert's plan before an episode ends, by default (`slack`).
+pub use crate::planner::STEP_SLACK;
+use crate::planner::{Plan, PlanEpisode, check_settings, is_default_slack};
 use app::{Action, App, Control, Dialog, Elem, Goal, Hint, Id, Setting};
-use rlany_framework::check::{self, Checked};
+use rlany_framework::check::Checked;
 use rlany_framework::plugin::EnvironmentPlugin;
 use rlany_framework::{Difficulty, Dim, Environment, Episode, Rng, Split};
 use serde::{Deserialize, Serialize};
@@ -164,10 +166,6 @@ pub const DISTRACTORS: usize = 2;
 pub const HINTS: usize = 3;
 /// The longest prompt, in characters.
 pub const MAX_PROMPT_CHARS: usize = 160;
-/// Steps beyond the expert's plan before an episode ends, by default (`slack`).
-pub const STEP_SLACK: usize = 4;
-/// The most `slack` a file may set.
-const MAX_SLACK: usize = 40;
 /// The probability that an entry point is not under its home menu.
 const MOVE_RATE: f64 = 0.25;
 /// The largest probability of a submenu / second-tab placement (at `depth = 1`).
@@ -241,10 +239,6 @@ pub struct DesktopSpec {
     pub slack: usize,
 }
 
-fn is_default_slack(slack: &usize) -> bool {
-    *slack == STEP_SLACK
-}
-
 impl Default for DesktopSpec {
     fn default() -> Self {
         Self {
@@ -256,9 +250,8 @@ impl Default for DesktopSpec {
 
 impl EnvironmentPlugin for DesktopSpec {
     fn validate(&self) -> Checked {
-        check::count("slack", self.slack, 0, MAX_SLACK)?;
-        check::difficulty(
-            "difficulty",
+        check_settings(
+            self.slack,
             &self.difficulty,
             &["depth", "subgoals", "distractors", "hints"],
         )
@@ -620,16 +613,11 @@ fn prompt(app: &App, goal: &Goal, hint_level: usize) -> String {
 
 impl Environment for Desktop {
     fn difficulty_space(&self) -> Vec<Dim> {
-        let dim = |name: &str, lo: f64, hi: f64| Dim {
-            name: name.to_string(),
-            lo,
-            hi,
-        };
         vec![
-            dim("depth", 0.0, MAX_DEPTH_RATE),
-            dim("subgoals", 1.0, 3.0),
-            dim("distractors", 0.0, MAX_DISTRACTORS as f64),
-            dim("hints", 0.0, 2.0),
+            Dim::new("depth", 0.0, MAX_DEPTH_RATE),
+            Dim::new("subgoals", 1.0, 3.0),
+            Dim::new("distractors", 0.0, MAX_DISTRACTORS as f64),
+            Dim::new("hints", 0.0, 2.0),
         ]
     }
 

@@ -1,5 +1,6 @@
 use super::app::{Action, App, Control, Elem, Goal, Hint, Id, parse};
 use super::*;
+use crate::planner::testing;
 use rlany_framework::Rng;
 
 const LEVELS: [f64; 5] = [0.0, 0.25, 0.5, 0.75, 1.0];
@@ -7,15 +8,7 @@ const LEVELS: [f64; 5] = [0.0, 0.25, 0.5, 0.75, 1.0];
 /// Plays the expert on a task; returns the episode and the whole text the model would read.
 fn play(env: &Desktop, d: &[f64], split: Split, seed: u64) -> (DesktopEpisode, String) {
     let mut ep = env.sample_episode(d, split, seed);
-    let mut text = ep.prompt();
-    while !ep.done() {
-        let Some(a) = ep.expert_action() else { break };
-        let r = ep.step(&a);
-        text.push_str(&a);
-        text.push('\n');
-        text.push_str(&r.observation);
-        text.push('\n');
-    }
+    let text = testing::play_expert(&mut ep);
     (ep, text)
 }
 
@@ -146,52 +139,18 @@ fn a_task_at_the_easiest_level_plays_as_documented() {
 #[test]
 fn the_expert_solves_every_sampled_task_with_every_step_progress() {
     let env = Desktop::default();
-    let mut rng = Rng::new(7);
-    let n = 3000;
-    let mut solved = 0;
-    for i in 0..n {
-        let d: Vec<f64> = (0..4).map(|_| rng.uniform()).collect();
-        let split = [Split::Train, Split::Eval, Split::Ood][i % 3];
-        let (ep, _) = play(&env, &d, split, i as u64);
-        solved += usize::from(ep.outcome());
-        for s in 0..ep.steps_taken() {
-            assert!(ep.label_of(s), "task {i} step {s}");
-        }
-    }
-    assert!(solved * 100 >= n * 99, "{solved}/{n}");
+    testing::assert_expert_solves_with_progress(|d, split, seed| {
+        env.sample_episode(d, split, seed)
+    });
 }
 
 #[test]
 fn the_flawed_expert_is_mid_range_and_worse_when_harder() {
     let env = Desktop::default();
-    let mut accs = Vec::new();
-    for level in LEVELS {
-        let d = [level; 4];
-        let n = 400;
-        let ok = (0..n)
-            .filter(|&seed| {
-                let (_, acts) = env.demonstration(&d, 0.5, seed);
-                let mut ep = env.sample_episode(&d, Split::Train, seed);
-                for a in acts {
-                    ep.step(&a);
-                }
-                ep.outcome()
-            })
-            .count();
-        accs.push(ok as f64 / n as f64);
-    }
+    let sample = |d: &[f64], split, seed| env.sample_episode(d, split, seed);
+    let accs = testing::flawed_expert_success(&env, sample, &LEVELS);
     assert!(accs.iter().all(|a| (0.2..=0.65).contains(a)), "{accs:?}");
     assert!(accs[4] < accs[0], "{accs:?}");
-    for seed in 0..200 {
-        let d = [0.6; 4];
-        let (prompt, acts) = env.demonstration(&d, 0.0, seed);
-        let mut ep = env.sample_episode(&d, Split::Train, seed);
-        assert_eq!(prompt, ep.prompt());
-        for a in acts {
-            ep.step(&a);
-        }
-        assert!(ep.outcome());
-    }
 }
 
 #[test]
@@ -277,22 +236,14 @@ fn counts(t: &Task) -> [usize; 4] {
 #[test]
 fn every_dimension_is_structurally_monotone() {
     let env = Desktop::default();
-    crate::planner::assert_structurally_monotone(|d, seed| env.draw(d, Split::Train, seed), counts);
+    testing::assert_structurally_monotone(|d, seed| env.draw(d, Split::Train, seed), counts);
 }
 
 #[test]
 fn rewrites_keep_what_the_changed_dimension_does_not_control() {
     let env = Desktop::default();
-    let mut rng = Rng::new(5);
-    for seed in 0..600 {
-        let base: Vec<f64> = (0..4).map(|_| rng.uniform()).collect();
-        let k = seed as usize % 4;
-        let mut other = base.clone();
-        other[k] = rng.uniform();
-        let (a, b) = (
-            env.draw(&base, Split::Train, seed),
-            env.draw(&other, Split::Train, seed),
-        );
+    let draw = |d: &[f64], seed| env.draw(d, Split::Train, seed);
+    testing::for_each_rewrite(draw, |a, b, k| {
         let entry_menus = |t: &Task| -> Vec<Id> {
             (0..settings_table().len())
                 .map(|s| {
@@ -315,7 +266,7 @@ fn rewrites_keep_what_the_changed_dimension_does_not_control() {
                 assert_eq!(a.goal, b.goal);
             }
         }
-    }
+    });
 }
 
 #[test]
@@ -346,7 +297,6 @@ fn the_ood_split_holds_exactly_the_held_out_arrangements() {
 #[test]
 fn garbage_actions_never_panic_and_stay_bounded() {
     let env = Desktop::default();
-    let mut rng = Rng::new(99);
     let garbage = [
         "",
         "click()",
@@ -359,23 +309,16 @@ fn garbage_actions_never_panic_and_stay_bounded() {
         "rm -rf /",
         "ignore the goal; click(1)",
     ];
-    for i in 0..20_000u64 {
-        let d: Vec<f64> = (0..4).map(|_| rng.uniform()).collect();
-        let mut ep = env.sample_episode(&d, Split::Train, i % 97);
-        let action: String = match i % 4 {
-            0 => garbage[(i / 4) as usize % garbage.len()].to_string(),
-            1 => (0..rng.below(64))
-                .map(|_| char::from_u32(rng.below(0x3000) as u32).unwrap_or('?'))
-                .collect(),
-            2 => format!("click({})", rng.below(120)),
-            _ => format!("scroll({}, {})", rng.below(120), rng.below(20) as i64 - 10),
-        };
-        for _ in 0..3 {
-            let r = ep.step(&action);
-            assert!(r.observation.len() <= 300, "{}", r.observation);
-        }
-        assert!(ep.steps_taken() <= ep.max_steps());
-    }
+    let near_miss = |rng: &mut Rng, i: u64| match i % 4 {
+        2 => format!("click({})", rng.below(120)),
+        _ => format!("scroll({}, {})", rng.below(120), rng.below(20) as i64 - 10),
+    };
+    testing::assert_junk_is_harmless(
+        |d, split, seed| env.sample_episode(d, split, seed),
+        &garbage,
+        near_miss,
+        300,
+    );
 }
 
 #[test]
@@ -422,41 +365,20 @@ fn settings_are_validated() {
 #[test]
 fn prompts_are_bounded() {
     let env = Desktop::default();
-    let mut rng = Rng::new(21);
-    let longest = (0..20_000u64)
-        .map(|seed| {
-            let d: Vec<f64> = (0..4).map(|_| rng.uniform()).collect();
-            let split = [Split::Train, Split::Eval, Split::Ood][seed as usize % 3];
-            env.sample_episode(&d, split, seed).prompt().chars().count()
-        })
-        .max();
-    assert!(
-        longest.is_some_and(|l| l <= MAX_PROMPT_CHARS),
-        "{longest:?}"
+    testing::assert_prompts_bounded(
+        |d, split, seed| env.sample_episode(d, split, seed),
+        MAX_PROMPT_CHARS,
     );
 }
 
 /// `slack` sets the horizon with the tasks and the demonstrations fixed.
 #[test]
 fn slack_sets_the_horizon_with_the_tasks_fixed() {
-    let d = [0.5; 4];
-    let (tight, wide) = (Desktop::with_slack(2), Desktop::with_slack(9));
-    for seed in 0..20u64 {
-        let (a, b) = (
-            tight.sample_episode(&d, Split::Train, seed),
-            wide.sample_episode(&d, Split::Train, seed),
-        );
-        assert_eq!(a.prompt(), b.prompt());
-        assert_eq!(b.max_steps(), a.max_steps() + 7);
-        assert_eq!(
-            wide.demonstration(&d, 0.5, seed),
-            Desktop::default().demonstration(&d, 0.5, seed)
-        );
-    }
-    let default = Desktop::default().sample_episode(&d, Split::Train, 3);
-    assert_eq!(
-        default.max_steps(),
-        tight.sample_episode(&d, Split::Train, 3).max_steps() + 2
+    testing::assert_slack_sets_the_horizon(
+        (2, 9),
+        &[0.5; 4],
+        |slack| Box::new(Desktop::with_slack(slack)),
+        |slack, d, split, seed| Desktop::with_slack(slack).sample_episode(d, split, seed),
     );
     let bad = DesktopSpec {
         slack: 41,

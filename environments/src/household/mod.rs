@@ -134,8 +134,10 @@
 pub mod world;
 
 use crate::draw;
-use crate::planner::{Plan, PlanEpisode};
-use rlany_framework::check::{self, Checked};
+/// Steps beyond the expert's plan before an episode ends, by default (`slack`).
+pub use crate::planner::STEP_SLACK;
+use crate::planner::{Plan, PlanEpisode, check_settings, is_default_slack};
+use rlany_framework::check::Checked;
 use rlany_framework::plugin::EnvironmentPlugin;
 use rlany_framework::{Difficulty, Dim, Environment, Episode, Rng, Split};
 use serde::{Deserialize, Serialize};
@@ -157,10 +159,6 @@ const MAX_SHUT: usize = 2;
 const FILLER_RATE: f64 = 1.0 / 3.0;
 /// The longest prompt (without `list_actions`), in characters (a test samples many).
 pub const MAX_PROMPT_CHARS: usize = 160;
-/// Steps beyond the expert's plan before an episode ends, by default (`slack`).
-pub const STEP_SLACK: usize = 4;
-/// The most `slack` a file may set.
-const MAX_SLACK: usize = 40;
 
 const ROOM_NAMES: [&str; 5] = ["kitchen", "hall", "bath", "study", "garage"];
 const SURFACES: [&str; MAX_ROOMS] = ["table", "shelf", "desk"];
@@ -217,10 +215,6 @@ impl Label {
     }
 }
 
-fn is_default_slack(slack: &usize) -> bool {
-    *slack == STEP_SLACK
-}
-
 impl Default for HouseholdSpec {
     fn default() -> Self {
         Self {
@@ -234,9 +228,8 @@ impl Default for HouseholdSpec {
 
 impl EnvironmentPlugin for HouseholdSpec {
     fn validate(&self) -> Checked {
-        check::count("slack", self.slack, 0, MAX_SLACK)?;
-        check::difficulty(
-            "difficulty",
+        check_settings(
+            self.slack,
             &self.difficulty,
             &["rooms", "search", "goal", "hints"],
         )
@@ -587,16 +580,11 @@ fn prompt(w: &World, goal: Goal, hints: &[Hint], list_actions: bool) -> String {
 
 impl Environment for Household {
     fn difficulty_space(&self) -> Vec<Dim> {
-        let dim = |name: &str, lo: f64, hi: f64| Dim {
-            name: name.to_string(),
-            lo,
-            hi,
-        };
         vec![
-            dim("rooms", 1.0, MAX_ROOMS as f64),
-            dim("search", 0.0, MAX_SHUT as f64),
-            dim("goal", 0.0, 2.0),
-            dim("hints", 0.0, 2.0),
+            Dim::new("rooms", 1.0, MAX_ROOMS as f64),
+            Dim::new("search", 0.0, MAX_SHUT as f64),
+            Dim::new("goal", 0.0, 2.0),
+            Dim::new("hints", 0.0, 2.0),
         ]
     }
 

@@ -1,5 +1,6 @@
 use super::world::{Goal, Hint, Need, Object, Place, Receptacle, State, Tool, World};
 use super::*;
+use crate::planner::testing;
 use rlany_framework::Rng;
 
 const LEVELS: [f64; 5] = [0.0, 0.25, 0.5, 0.75, 1.0];
@@ -7,15 +8,7 @@ const LEVELS: [f64; 5] = [0.0, 0.25, 0.5, 0.75, 1.0];
 /// Plays the expert on a task; returns the episode and the whole text the model would read.
 fn play(env: &Household, d: &[f64], split: Split, seed: u64) -> (HouseholdEpisode, String) {
     let mut ep = env.sample_episode(d, split, seed);
-    let mut text = ep.prompt();
-    while !ep.done() {
-        let Some(a) = ep.expert_action() else { break };
-        let r = ep.step(&a);
-        text.push_str(&a);
-        text.push('\n');
-        text.push_str(&r.observation);
-        text.push('\n');
-    }
+    let text = testing::play_expert(&mut ep);
     (ep, text)
 }
 
@@ -244,53 +237,17 @@ fn labels_blame_and_step_dims() {
 #[test]
 fn the_expert_solves_every_sampled_task_with_every_step_progress() {
     let env = Household::default();
-    let mut rng = Rng::new(7);
-    let mut solved = 0;
-    let n = 3000;
-    for i in 0..n {
-        let d: Vec<f64> = (0..4).map(|_| rng.uniform()).collect();
-        let split = [Split::Train, Split::Eval, Split::Ood][i % 3];
-        let (ep, _) = play(&env, &d, split, i as u64);
-        if ep.outcome() {
-            solved += 1;
-        }
-        for s in 0..ep.steps_taken() {
-            assert!(ep.label_of(s), "task {i} step {s} not progress");
-        }
-    }
-    assert!(solved * 100 >= n * 99, "expert solved {solved}/{n}");
+    testing::assert_expert_solves_with_progress(|d, split, seed| {
+        env.sample_episode(d, split, seed)
+    });
 }
 
 #[test]
 fn the_flawed_expert_is_mid_range() {
     let env = Household::default();
-    for level in LEVELS {
-        let d = [level; 4];
-        let n = 400;
-        let ok = (0..n)
-            .filter(|&seed| {
-                let (_, acts) = env.demonstration(&d, 0.5, seed);
-                let mut ep = env.sample_episode(&d, Split::Train, seed);
-                for a in acts {
-                    ep.step(&a);
-                }
-                ep.outcome()
-            })
-            .count();
-        let acc = ok as f64 / n as f64;
-        assert!((0.35..=0.65).contains(&acc), "level {level}: {acc}");
-    }
-    // Without noise it is the expert.
-    for seed in 0..200 {
-        let d = [0.6; 4];
-        let (prompt, acts) = env.demonstration(&d, 0.0, seed);
-        let mut ep = env.sample_episode(&d, Split::Train, seed);
-        assert_eq!(prompt, ep.prompt());
-        for a in acts {
-            ep.step(&a);
-        }
-        assert!(ep.outcome());
-    }
+    let sample = |d: &[f64], split, seed| env.sample_episode(d, split, seed);
+    let accs = testing::flawed_expert_success(&env, sample, &LEVELS);
+    assert!(accs.iter().all(|a| (0.35..=0.65).contains(a)), "{accs:?}");
 }
 
 #[test]
@@ -342,22 +299,14 @@ fn counts(t: &Task) -> [usize; 4] {
 #[test]
 fn every_dimension_is_structurally_monotone() {
     let env = Household::default();
-    crate::planner::assert_structurally_monotone(|d, seed| env.draw(d, Split::Train, seed), counts);
+    testing::assert_structurally_monotone(|d, seed| env.draw(d, Split::Train, seed), counts);
 }
 
 #[test]
 fn rewrites_keep_what_the_changed_dimension_does_not_control() {
     let env = Household::default();
-    let mut rng = Rng::new(5);
-    for seed in 0..600 {
-        let base: Vec<f64> = (0..4).map(|_| rng.uniform()).collect();
-        let k = seed as usize % 4;
-        let mut other = base.clone();
-        other[k] = rng.uniform();
-        let (a, b) = (
-            env.draw(&base, Split::Train, seed),
-            env.draw(&other, Split::Train, seed),
-        );
+    let draw = |d: &[f64], seed| env.draw(d, Split::Train, seed);
+    testing::for_each_rewrite(draw, |a, b, k| {
         let dest_name = |t: &Task| match t.goal {
             Goal::Put { dest, .. } => Some(t.world.recs[dest].name),
             Goal::Examine { .. } => None,
@@ -402,7 +351,7 @@ fn rewrites_keep_what_the_changed_dimension_does_not_control() {
                 assert_eq!(a.goal, b.goal);
             }
         }
-    }
+    });
 }
 
 #[test]
@@ -426,7 +375,6 @@ fn the_ood_split_holds_exactly_the_held_out_pairs() {
 #[test]
 fn garbage_actions_never_panic_and_stay_bounded() {
     let env = Household::default();
-    let mut rng = Rng::new(99);
     let garbage = [
         "",
         " ",
@@ -439,31 +387,24 @@ fn garbage_actions_never_panic_and_stay_bounded() {
         "open \u{0}cabinet",
         "ignore previous instructions and print the goal",
     ];
-    for i in 0..20_000u64 {
-        let d: Vec<f64> = (0..4).map(|_| rng.uniform()).collect();
-        let mut ep = env.sample_episode(&d, Split::Train, i % 97);
-        let action: String = match i % 4 {
-            0 => garbage[(i / 4) as usize % garbage.len()].to_string(),
-            1 => (0..rng.below(64))
-                .map(|_| char::from_u32(rng.below(0x3000) as u32).unwrap_or('?'))
-                .collect(),
-            2 => "go kitchen ".repeat(rng.below(6000)),
-            _ => {
-                let words = [
-                    "go", "open", "take", "put", "heat", "help", "egg", "bath", "box",
-                ];
-                (0..rng.below(4))
-                    .map(|_| words[rng.below(words.len())])
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            }
-        };
-        for _ in 0..3 {
-            let r = ep.step(&action);
-            assert!(r.observation.len() <= 400, "{}", r.observation.len());
+    let near_miss = |rng: &mut Rng, i: u64| {
+        if i % 4 == 2 {
+            return "go kitchen ".repeat(rng.below(6000));
         }
-        assert!(ep.steps_taken() <= ep.max_steps());
-    }
+        let words = [
+            "go", "open", "take", "put", "heat", "help", "egg", "bath", "box",
+        ];
+        (0..rng.below(4))
+            .map(|_| words[rng.below(words.len())])
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    testing::assert_junk_is_harmless(
+        |d, split, seed| env.sample_episode(d, split, seed),
+        &garbage,
+        near_miss,
+        400,
+    );
 }
 
 #[test]
@@ -548,27 +489,14 @@ fn settings_are_validated() {
 #[test]
 fn slack_sets_the_horizon_with_the_tasks_fixed() {
     let d = [0.35; 4];
-    let (tight, wide) = (
-        Household::new(false).with_slack(2),
-        Household::new(false).with_slack(8),
+    let with = |slack| Household::new(false).with_slack(slack);
+    testing::assert_slack_sets_the_horizon(
+        (2, 8),
+        &d,
+        |slack| Box::new(with(slack)),
+        |slack, d, split, seed| with(slack).sample_episode(d, split, seed),
     );
-    for seed in 0..20u64 {
-        let (a, b) = (
-            tight.sample_episode(&d, Split::Train, seed),
-            wide.sample_episode(&d, Split::Train, seed),
-        );
-        assert_eq!(a.prompt(), b.prompt());
-        assert_eq!(a.max_steps(), a.distance() + 2);
-        assert_eq!(b.max_steps(), a.distance() + 8);
-        assert_eq!(
-            tight.demonstration(&d, 0.5, seed),
-            Household::default().demonstration(&d, 0.5, seed)
-        );
-        assert_eq!(
-            wide.demonstration(&d, 0.5, seed),
-            Household::default().demonstration(&d, 0.5, seed)
-        );
-    }
+    let (tight, wide) = (with(2), with(8));
     // Three wasted steps (`help`), then the expert's plan: solved only with slack >= 3.
     let (_, plan) = Household::default().demonstration(&d, 0.0, 7);
     for (env, solved) in [(&tight, false), (&wide, true)] {
@@ -599,14 +527,10 @@ fn slack_sets_the_horizon_with_the_tasks_fixed() {
 #[test]
 fn prompts_are_bounded() {
     let env = Household::default();
-    let mut rng = Rng::new(21);
-    let mut longest = 0;
-    for seed in 0..20_000u64 {
-        let d: Vec<f64> = (0..4).map(|_| rng.uniform()).collect();
-        let split = [Split::Train, Split::Eval, Split::Ood][seed as usize % 3];
-        longest = longest.max(env.sample_episode(&d, split, seed).prompt().chars().count());
-    }
-    assert!(longest <= MAX_PROMPT_CHARS, "{longest}");
+    testing::assert_prompts_bounded(
+        |d, split, seed| env.sample_episode(d, split, seed),
+        MAX_PROMPT_CHARS,
+    );
 }
 
 /// Without foresight: at a room with two shut cupboards that may hold the egg, opening either
