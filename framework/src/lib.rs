@@ -29,6 +29,8 @@ pub mod sampling;
 pub mod shard;
 pub mod step;
 pub mod synthetic_judge;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod trainer;
 pub mod warmcache;
 pub mod warmstart;

@@ -235,3 +235,109 @@ pub fn replay_demonstration(env: &dyn Environment, d: &[f64], noise: f64, seed: 
         finite: true,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{Bigram, Doors, L, Letters, NL, R, digit_line};
+    use burn::backend::NdArray;
+
+    type B = NdArray<f32>;
+
+    fn params(tok: &Letters, temperature: f64) -> SampleParams {
+        SampleParams {
+            temperature,
+            top_p: 1.0,
+            max_new_tokens: 4,
+            stop_tokens: tok.prompt_format().stop_tokens(tok),
+            on_device: false,
+        }
+    }
+
+    /// A model that always answers `R` (then ends its line) plays four doors: every step is
+    /// recorded with the environment's answer, at the tokens it generated, and the context
+    /// reads task, action, observation, action, … with nothing after the last step.
+    #[test]
+    fn every_step_is_recorded_as_the_environment_answered_it() {
+        let tok = Letters;
+        let after_door: Vec<(u32, u32)> = (0..10).map(|d| (digit_line(d), R)).collect();
+        let prefer = [after_door.as_slice(), &[(R, NL)]].concat();
+        let model = Bigram::<B>::preferring(&prefer, 30.0, &Default::default());
+        let env = Doors { k: 4 };
+        let seeds = [1u64, 2, 3, 4, 5, 6];
+        let episodes = seeds
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| (i, Box::new(env.episode(s)) as Box<dyn Episode>))
+            .collect();
+        let trajs = rollout(
+            &model,
+            &tok,
+            episodes,
+            &params(&tok, 0.0),
+            10,
+            &mut Rng::new(1),
+        );
+        assert_eq!(trajs.len(), seeds.len());
+        for (t, &seed) in trajs.iter().zip(&seeds) {
+            let signs = env.episode(seed).signs().to_vec();
+            let mut want = vec![tok.bos(), digit_line(signs[0])];
+            for i in 0..signs.len() {
+                want.extend([R, NL]);
+                if i + 1 < signs.len() {
+                    want.push(digit_line(signs[i + 1]));
+                }
+            }
+            assert_eq!(t.tokens, want, "seed {seed}");
+            assert_eq!(t.steps.len(), 4);
+            for (i, (step, &s)) in t.steps.iter().zip(&signs).enumerate() {
+                assert_eq!((step.start, step.end), (2 + 3 * i, 4 + 3 * i));
+                assert_eq!(step.text, "R");
+                assert_eq!(step.oracle, s >= 5, "seed {seed} door {i}");
+                let kind = if (3..=6).contains(&s) {
+                    "borderline"
+                } else {
+                    "clear"
+                };
+                assert_eq!(step.kind, kind);
+                assert_eq!(step.oracle_blame.is_empty(), step.oracle);
+            }
+            assert_eq!(t.outcome, signs.iter().all(|&s| s >= 5));
+            assert!(t.finite);
+        }
+    }
+
+    /// Sampled rollouts are a function of the stream: the same seed plays the same
+    /// trajectories, another seed other ones.
+    #[test]
+    fn sampled_rollouts_are_a_function_of_the_seed() {
+        let tok = Letters;
+        let answers: Vec<(u32, u32)> = (0..10)
+            .flat_map(|d| [(digit_line(d), L), (digit_line(d), R)])
+            .chain([(L, NL), (R, NL)])
+            .collect();
+        let model = Bigram::<B>::preferring(&answers, 5.0, &Default::default());
+        let env = Doors { k: 6 };
+        let play = |seed: u64| {
+            let episodes = (0..8)
+                .map(|i| (i, Box::new(env.episode(i as u64)) as Box<dyn Episode>))
+                .collect();
+            rollout(
+                &model,
+                &tok,
+                episodes,
+                &params(&tok, 1.0),
+                10,
+                &mut Rng::new(seed),
+            )
+        };
+        assert_eq!(play(7), play(7));
+        assert_ne!(play(7), play(8));
+        // Both answers occur: the model's two preferred tokens are equally likely.
+        let texts: Vec<String> = play(7)
+            .iter()
+            .flat_map(|t| t.steps.iter().map(|s| s.text.clone()))
+            .collect();
+        assert!(texts.iter().any(|t| t == "L") && texts.iter().any(|t| t == "R"));
+    }
+}

@@ -425,6 +425,66 @@ mod tests {
         }
     }
 
+    /// One update on two samples after the same context — `L` with advantage +1, `R` with
+    /// −1 — moves probability from `R` to `L` there and nowhere else, and reports finite
+    /// statistics with no KL at the first minibatch.
+    #[test]
+    fn an_update_moves_probability_towards_the_positive_unit() {
+        use crate::testing::{Bigram, EOS, L, NL, R, V, digit_line};
+        use burn::backend::{Autodiff, NdArray};
+        type B = Autodiff<NdArray<f32>>;
+        let dev = Default::default();
+        let model = Bigram::<B>::preferring(&[], 0.0, &dev);
+        let sample = |answer: u32, adv: f64| Sample {
+            tokens: vec![0, digit_line(3), answer, NL],
+            units: vec![Unit {
+                start: 2,
+                end: 3,
+                adv,
+            }],
+        };
+        let samples = [sample(L, 1.0), sample(R, -1.0)];
+        let params = UpdateParams {
+            clip: 0.2,
+            kl_coef: 0.0,
+            estimator: crate::experiment::KlEstimator::K3,
+            lr: 0.05,
+            max_grad_norm: 1.0,
+            minibatches: 1,
+            pad: EOS,
+            kernels: rlany_kernels::KernelChoice::Reference,
+            spread: Spread::default(),
+            micro_batch: 0,
+            label: "test",
+            progress: false,
+        };
+        let mut optim = burn::optim::AdamWConfig::new().init();
+        let (model, stats) = ppo_update(
+            model,
+            &mut optim,
+            None,
+            &samples,
+            &params,
+            &mut Rng::new(3),
+            &dev,
+        )
+        .expect("update");
+        let stats = stats.expect("units to train");
+        assert!(stats.loss.is_finite() && stats.grad_norm > 0.0, "{stats:?}");
+        assert_eq!(stats.clipfrac, 0.0);
+        // After door 3: L up, R down, the others the same as each other.
+        let after_nl = model.row(digit_line(3));
+        assert!(after_nl[L as usize] > 0.0, "{after_nl:?}");
+        assert!(after_nl[R as usize] < 0.0, "{after_nl:?}");
+        let rest: Vec<f32> = (0..V)
+            .filter(|&i| i != L as usize && i != R as usize)
+            .map(|i| after_nl[i])
+            .collect();
+        assert!(rest.iter().all(|&x| (x - rest[0]).abs() < 1e-6), "{rest:?}");
+        // A context no unit reads is untouched.
+        assert!(model.row(NL).iter().all(|&x| x == 0.0));
+    }
+
     #[test]
     fn units_weigh_the_same_whatever_their_length() {
         let samples = [

@@ -50,6 +50,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 mod evaluation;
+#[cfg(test)]
+mod tests;
 mod warm;
 
 /// Why a run stopped early.
