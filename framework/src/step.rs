@@ -988,7 +988,8 @@ mod tests {
         let mut m = Metrics::new(1);
         step_metrics(&mut m, &batch, &[], &[], &AdaptCounts::default());
         assert_eq!(m.get("env/step_acc"), Some(0.5));
-        assert!((m.get("env/step_acc_solved").unwrap() - 2.0 / 3.0).abs() < 1e-12);
+        let solved = m.get("env/step_acc_solved").expect("solved episodes");
+        assert!((solved - 2.0 / 3.0).abs() < 1e-12);
         assert_eq!(m.get("env/step_acc_failed"), Some(0.0));
         assert_eq!(m.get("policy/uniform_groups"), Some(1.0));
         assert_eq!(m.get("policy/mixed_groups"), Some(1.0));

@@ -255,7 +255,7 @@ fn rewrites_keep_what_the_changed_dimension_does_not_control() {
         match k {
             DEPTH | DISTRACTORS => {
                 assert_eq!(a.goal, b.goal);
-                assert_eq!(entry_menus(&a), entry_menus(&b));
+                assert_eq!(entry_menus(a), entry_menus(b));
             }
             SUBGOALS => {
                 assert_eq!(a.app, b.app);

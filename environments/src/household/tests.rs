@@ -326,25 +326,25 @@ fn rewrites_keep_what_the_changed_dimension_does_not_control() {
         match k {
             ROOMS => {
                 assert_eq!(a.goal.obj(), b.goal.obj());
-                assert_eq!(dest_name(&a), dest_name(&b));
-                assert_eq!(counts(&a)[1..], counts(&b)[1..]);
+                assert_eq!(dest_name(a), dest_name(b));
+                assert_eq!(counts(a)[1..], counts(b)[1..]);
                 let n = a.world.rooms.len().min(b.world.rooms.len());
                 assert_eq!(a.world.rooms[..n], b.world.rooms[..n]);
             }
             SEARCH => {
                 assert_eq!(a.goal.obj(), b.goal.obj());
-                assert_eq!(dest_name(&a), dest_name(&b));
+                assert_eq!(dest_name(a), dest_name(b));
                 assert_eq!(a.world.rooms, b.world.rooms);
-                assert_eq!(counts(&a)[2..], counts(&b)[2..]);
-                if counts(&a)[1] > 0 && counts(&b)[1] > 0 {
+                assert_eq!(counts(a)[2..], counts(b)[2..]);
+                if counts(a)[1] > 0 && counts(b)[1] > 0 {
                     // Both hide the objects in cupboards: the surfaces are unchanged.
-                    assert_eq!(surfaces(&a), surfaces(&b));
+                    assert_eq!(surfaces(a), surfaces(b));
                 }
             }
             GOAL => {
                 assert_eq!(a.world.rooms, b.world.rooms);
-                assert_eq!(counts(&a)[..2], counts(&b)[..2]);
-                assert_eq!(counts(&a)[3], counts(&b)[3]);
+                assert_eq!(counts(a)[..2], counts(b)[..2]);
+                assert_eq!(counts(a)[3], counts(b)[3]);
             }
             _ => {
                 assert_eq!(a.world, b.world);
