@@ -16,7 +16,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "corridor-table1"))
-from table1 import fmt, load, mean_ci  # noqa: E402
+from table1 import fmt, load, mean_ci, print_table  # noqa: E402
 
 ROWS = ["cor_t1s_outcome_only", "cor_t1s_frozen_judge", "cor_t1s_consistency",
         "cor_t1s_perfect_judge", "cor_t1s_matched_synthetic_judge"]
@@ -57,12 +57,7 @@ def stripped(path):
 def main():
     root = sys.argv[1]
     data = load(root, ROWS)
-    print("| row | " + " | ".join(KEYS) + " |")
-    print("|---|" + "---:|" * len(KEYS))
-    for row in ROWS:
-        if row in data:
-            cells = [fmt(mean_ci([r[k] for r in data[row].values()])) for k in KEYS]
-            print(f"| {row} | " + " | ".join(cells) + " |")
+    print_table(data, ROWS, KEYS)
     print()
     print("per seed (train_last / eval at k 30 / judge pool first):")
     for row in ROWS:

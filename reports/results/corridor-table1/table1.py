@@ -91,18 +91,22 @@ def load(root, rows):
     return data
 
 
+def print_table(data, rows, keys):
+    """One line a row present in `data`: each measure's mean ± 95% interval over seeds."""
+    print("| row | " + " | ".join(keys) + " |")
+    print("|---|" + "---:|" * len(keys))
+    for row in rows:
+        if row in data:
+            cells = [fmt(mean_ci([r[k] for r in data[row].values()])) for k in keys]
+            print(f"| {row} | " + " | ".join(cells) + " |")
+
+
 def main():
     root = sys.argv[1]
     data = load(root, ROWS)
     keys = ["train_last", "start", "grid", "step_acc", "judge_train_first", "judge_train_last",
             "judge_pool_first", "judge_pool_last", "difficulty_last"]
-    print("| row | " + " | ".join(keys) + " |")
-    print("|---|" + "---:|" * len(keys))
-    for row in ROWS:
-        if row not in data:
-            continue
-        cells = [fmt(mean_ci([r[k] for r in data[row].values()])) for k in keys]
-        print(f"| {row} | " + " | ".join(cells) + " |")
+    print_table(data, ROWS, keys)
     print()
     print("per seed (train_last / start):")
     for row in ROWS:
