@@ -59,9 +59,10 @@ pub(crate) trait Plan: Send {
     fn expert(&self, world: &Self::World) -> Option<String>;
     /// The difficulty dimensions a step from `world` exercises.
     fn step_dims(&self, world: &Self::World) -> Vec<usize>;
-    /// Whether `action` is one of the expert's equally good search choices from `world`,
-    /// given what the agent has seen (a `search` step); none by default.
-    fn search_choice(&self, _world: &Self::World, _action: &str) -> bool {
+    /// Whether the action `said` (its words joined by one space) is one of the expert's
+    /// equally good search choices from `world`, given what the agent has seen (a `search`
+    /// step); none by default.
+    fn search_choice(&self, _world: &Self::World, _said: &str) -> bool {
         false
     }
     /// The observation shown after a step, from the world's text (that text by default).
@@ -141,19 +142,20 @@ impl<P: Plan> PlanEpisode<P> {
         self.task.satisfied(&self.world)
     }
 
-    /// Plays `action`, which exercises `dims`. `search` says the action is one of the
-    /// expert's equally good search choices given what the agent has seen (computed before
-    /// the action; `false` where the environment has no such notion); with `search_right`
-    /// such a step is right even when the true plan did not shrink. Returns the world's
-    /// text; [`PlanEpisode::answer`] then makes the step's answer.
-    fn play(&mut self, action: &str, dims: Vec<usize>, search: bool) -> String {
+    /// Plays `action`, which exercises `dims`: whether it is a search choice is asked of the
+    /// task before the action changes the world; with `search_right` such a step is right
+    /// even when the true plan did not shrink. Returns the world's text;
+    /// [`PlanEpisode::answer`] then makes the step's answer.
+    fn play(&mut self, action: &str, dims: Vec<usize>) -> String {
+        let said = action.split_whitespace().collect::<Vec<_>>().join(" ");
+        let search = self.task.search_choice(&self.world, &said);
         let before = self.distance;
         let (text, valid) = self.task.act(&mut self.world, action);
         let shrank = valid && {
             self.distance = self.task.distance(&self.world);
             self.distance < before
         };
-        let action = action.split_whitespace().collect::<Vec<_>>().join(" ");
+        let action = said;
         let kind = if shrank {
             "progress"
         } else if !valid {
@@ -226,8 +228,7 @@ impl<P: Plan> Episode for PlanEpisode<P> {
             return StepResult::ended();
         }
         let dims = self.task.step_dims(&self.world);
-        let search = self.task.search_choice(&self.world, action);
-        let text = self.play(action, dims, search);
+        let text = self.play(action, dims);
         let observation = self.task.observe(&self.world, text);
         self.answer(observation)
     }
@@ -266,6 +267,10 @@ impl Plan for Walk {
     fn step_dims(&self, _w: &i32) -> Vec<usize> {
         vec![0]
     }
+    /// A step back is a search choice (the unit test's stand-in for household's).
+    fn search_choice(&self, _w: &i32, said: &str) -> bool {
+        said == "-"
+    }
     fn distance(&self, w: &i32) -> usize {
         (3 - w).unsigned_abs() as usize
     }
@@ -290,18 +295,18 @@ fn kinds_labels_budget_and_blame() {
     let mut ep = PlanEpisode::new(Walk, 0, 4);
     assert_eq!(ep.max_steps(), 7);
     let mut answers = Vec::new();
-    // (action, a search choice?, search right?)
-    for (a, search, search_right) in [
-        ("+", false, false),     // progress
-        ("jump", false, false),  // invalid
-        ("wait", false, false),  // off plan
-        ("wait ", false, false), // the same action again (whitespace aside)
-        ("-", true, false),      // valid, no progress, a search choice: wrong (foresight)
-        ("-", true, true),       // the same, right by the environment's rule (belief)
-        ("+", false, false),     // progress; the budget is spent
+    // (action, search right?)
+    for (a, search_right) in [
+        ("+", false),     // progress
+        ("jump", false),  // invalid
+        ("wait", false),  // off plan
+        ("wait ", false), // the same action again (whitespace aside)
+        ("-", false),     // valid, no progress, a search choice: wrong (foresight)
+        ("-", true),      // the same, right by the environment's rule (belief)
+        ("+", false),     // progress; the budget is spent
     ] {
         ep.search_right = search_right;
-        let text = ep.play(a, vec![0], search);
+        let text = ep.play(a, vec![0]);
         answers.push(ep.answer(text));
     }
     let kinds: Vec<&str> = answers.iter().map(|r| r.kind.as_str()).collect();
