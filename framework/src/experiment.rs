@@ -464,6 +464,19 @@ pub struct WarmStart {
     /// The environment's flawed-expert noise in [0, 1] (each environment documents what its
     /// expert gets wrong), so that the warm-started policy starts mid-range.
     pub noise: f64,
+    /// The range `(low, high)` in [0, 1] the demonstrations' difficulties are drawn from,
+    /// uniformly and independently on every axis of the environment's difficulty space. The
+    /// default (0, 1) covers the whole space; a range below the training difficulty makes the
+    /// training tasks harder than anything demonstrated (a sparse start). Left out of the
+    /// resolved file when (0, 1).
+    #[serde(skip_serializing_if = "WarmStart::is_full_range")]
+    pub difficulty: (f64, f64),
+}
+
+impl WarmStart {
+    fn is_full_range(range: &(f64, f64)) -> bool {
+        *range == (0.0, 1.0)
+    }
 }
 
 impl Default for WarmStart {
@@ -473,6 +486,7 @@ impl Default for WarmStart {
             batch: 32,
             lr: 3e-3,
             noise: 0.6,
+            difficulty: (0.0, 1.0),
         }
     }
 }
@@ -994,6 +1008,9 @@ impl<E: EnvironmentChoice, A: AdaptationChoice> Experiment<E, A> {
         count("policy.warm_start.batch", p.warm_start.batch, 1, 65_536)?;
         positive("policy.warm_start.lr", p.warm_start.lr, 1.0)?;
         real("policy.warm_start.noise", p.warm_start.noise, 0.0, 1.0)?;
+        let (low, high) = p.warm_start.difficulty;
+        real("policy.warm_start.difficulty", low, 0.0, 1.0)?;
+        real("policy.warm_start.difficulty", high, low, 1.0)?;
         let s = &p.sampling;
         real("policy.sampling.temperature", s.temperature, 0.0, 100.0)?;
         positive("policy.sampling.top_p", s.top_p, 1.0)?;
@@ -1171,6 +1188,24 @@ Experiment(
     }
 
     #[test]
+    fn the_warm_start_difficulty_range_defaults_to_the_whole_space_and_stays_out_of_sight() {
+        let e = parse(MINIMAL).expect("parses");
+        assert_eq!(e.policy.warm_start.difficulty, (0.0, 1.0));
+        // The default is not written, so resolved files and warm-start cache keys of every
+        // existing experiment stay what they were.
+        let json = serde_json::to_string(&e.policy.warm_start).expect("serialises");
+        assert!(!json.contains("difficulty"), "{json}");
+        let narrow = MINIMAL.replace(
+            "model: Scratch(d_model: 32)",
+            "model: Scratch(d_model: 32), warm_start: (difficulty: (0.0, 0.25))",
+        );
+        let e = parse(&narrow).expect("parses");
+        assert_eq!(e.policy.warm_start.difficulty, (0.0, 0.25));
+        assert!(e.to_ron().contains("difficulty: (0.0, 0.25)"));
+        assert_eq!(parse(&e.to_ron()).expect("resolved form parses"), e);
+    }
+
+    #[test]
     fn judge_warm_start_labels_the_policy_unless_told_the_expert() {
         let with = |ws: &str| {
             MINIMAL.replace(
@@ -1328,6 +1363,13 @@ Experiment(
                 nested.replace("LR", "1e-4").replace("steps: 2", "steps: 0"),
                 "budget.steps",
                 15,
+            ),
+            (
+                nested
+                    .replace("LR", "1e-4")
+                    .replace("lr: 0.1", "lr: 0.1, difficulty: (0.5, 0.2)"),
+                "policy.warm_start.difficulty",
+                8,
             ),
         ];
         for (text, field, line) in cases {

@@ -77,8 +77,9 @@ pub struct SftOptions {
 }
 
 /// Runs `spec.steps` AdamW steps of supervised fine-tuning on fresh demonstrations and returns
-/// the model and the final loss. Demonstrations are drawn at uniformly random difficulties so
-/// the policy sees the whole training range. `opts.steps` and `opts.lr` are `spec`'s.
+/// the model and the final loss. Demonstrations are drawn at uniformly random difficulties in
+/// `spec.difficulty` (by default the whole space, so the policy sees the whole training
+/// range). `opts.steps` and `opts.lr` are `spec`'s.
 pub fn warm_start<B, M>(
     model: M,
     env: &dyn Environment,
@@ -96,11 +97,19 @@ where
     supervised(model, tok, opts, device, |_| {
         (0..spec.batch)
             .map(|_| {
-                let d: Vec<f64> = (0..dims).map(|_| rng.uniform()).collect();
+                let d = demo_difficulty(dims, spec.difficulty, rng);
                 demo_tokens(tok, env, &d, spec.noise, rng.next_u64())
             })
             .collect()
     })
+}
+
+/// One demonstration's difficulty: each of the `dims` axes uniform in `range`.
+fn demo_difficulty(dims: usize, range: (f64, f64), rng: &mut Rng) -> Vec<f64> {
+    let (low, high) = range;
+    (0..dims)
+        .map(|_| low + (high - low) * rng.uniform())
+        .collect()
 }
 
 /// Supervised fine-tuning: `steps` AdamW steps (learning rate decaying linearly to 10%) of
@@ -198,4 +207,31 @@ where
     let loss = (lp * weight).sum().neg().div_scalar(n);
     let value = loss.clone().into_scalar().elem::<f64>();
     (loss, value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_full_range_draws_exactly_the_uniforms_of_before() {
+        // The default (0, 1) must not move a single draw: low + (high - low) * u == u.
+        let (mut a, mut b) = (Rng::new(7), Rng::new(7));
+        let d = demo_difficulty(4, (0.0, 1.0), &mut a);
+        let u: Vec<f64> = (0..4).map(|_| b.uniform()).collect();
+        assert_eq!(d, u);
+    }
+
+    #[test]
+    fn a_restricted_range_keeps_every_axis_inside_it() {
+        let mut rng = Rng::new(3);
+        let draws: Vec<f64> = (0..200)
+            .flat_map(|_| demo_difficulty(3, (0.1, 0.25), &mut rng))
+            .collect();
+        assert!(draws.iter().all(|&x| (0.1..=0.25).contains(&x)));
+        // Spread over the range, not stuck at one end: both halves are drawn.
+        assert!(draws.iter().any(|&x| x < 0.175) && draws.iter().any(|&x| x > 0.175));
+        // A point range is that point.
+        assert_eq!(demo_difficulty(2, (0.5, 0.5), &mut rng), vec![0.5, 0.5]);
+    }
 }
