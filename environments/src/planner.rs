@@ -15,6 +15,7 @@
 //! - The episode ends when the goal holds or the budget is spent.
 
 use rlany_framework::{Episode, StepResult};
+use rlany_framework::Rng;
 
 /// Steps beyond the expert's plan before an episode ends, by default (`slack`).
 pub const STEP_SLACK: usize = 4;
@@ -35,6 +36,39 @@ pub(crate) fn check_settings(
 /// Whether `slack` is the default (a written file leaves it out then).
 pub(crate) fn is_default_slack(slack: &usize) -> bool {
     *slack == STEP_SLACK
+}
+
+/// The flawed expert's slip stream and noise for one demonstration: `Rng::derive(seed,
+/// stream)`, and `noise` with NaN read as 0 (no slips).
+pub(crate) fn slips(seed: u64, stream: &str, noise: f64) -> (Rng, f64) {
+    let noise = if noise.is_nan() { 0.0 } else { noise };
+    (Rng::derive(seed, stream), noise)
+}
+
+/// A demonstration played from `world`: at most the expert's plan + [`STEP_SLACK`] actions,
+/// each what `next` picks given the world and two fresh uniforms from `slip` (`None` ends the
+/// demonstration; `(action, true)` makes it the last), until `task`'s goal holds.
+pub(crate) fn demonstrate<P: Plan>(
+    task: &P,
+    world: &P::World,
+    slip: &mut Rng,
+    mut next: impl FnMut(&P::World, f64, f64) -> Option<(String, bool)>,
+) -> Vec<String> {
+    let limit = task.distance(world) + STEP_SLACK;
+    let mut w = world.clone();
+    let mut steps = Vec::new();
+    while steps.len() < limit {
+        let (u, v) = (slip.uniform(), slip.uniform());
+        let Some((action, last)) = next(&w, u, v) else {
+            break;
+        };
+        task.act(&mut w, &action);
+        steps.push(action);
+        if last || task.satisfied(&w) {
+            break;
+        }
+    }
+    steps
 }
 
 /// A task whose expert planner measures how far a world is from its goal: what an

@@ -149,7 +149,7 @@ pub mod app;
 use crate::draw;
 /// Steps beyond the expert's plan before an episode ends, by default (`slack`).
 pub use crate::planner::STEP_SLACK;
-use crate::planner::{Plan, PlanEpisode, check_settings, is_default_slack};
+use crate::planner::{self, Plan, PlanEpisode, check_settings, is_default_slack};
 use app::{Action, App, Control, Dialog, Elem, Goal, Hint, Id, Setting};
 use rlany_framework::check::Checked;
 use rlany_framework::plugin::EnvironmentPlugin;
@@ -627,8 +627,7 @@ impl Environment for Desktop {
 
     fn demonstration(&self, d: &[f64], noise: f64, seed: u64) -> (String, Vec<String>) {
         let task = self.draw(d, Split::Train, seed);
-        let noise = if noise.is_nan() { 0.0 } else { noise };
-        let mut slip = Rng::derive(seed, "desktop/slip");
+        let (mut slip, noise) = planner::slips(seed, "desktop/slip", noise);
         let (coin, kind) = (slip.uniform(), slip.uniform());
         let mistake = (coin < noise).then(|| draw::index(kind, 3));
         // Mistake 0: forget a sub-goal (the save, else the second setting, else the only
@@ -668,11 +667,7 @@ impl Environment for Desktop {
                 Control::Check => mistake = Some(2),
             }
         }
-        let limit = app::distance(&task.app, &task.goal, &task.hints) + STEP_SLACK;
-        let mut a = task.app.clone();
-        let mut steps = Vec::new();
-        while steps.len() < limit {
-            let (u, v) = (slip.uniform(), slip.uniform());
+        let steps = planner::demonstrate(&task, &task.app, &mut slip, |a, u, v| {
             let wander = (u < noise / 4.0).then(|| {
                 if a.dialog.is_some() || a.list.is_some() {
                     "key(escape)".to_string()
@@ -680,25 +675,16 @@ impl Environment for Desktop {
                     format!("click({})", a.bar[draw::index(v, a.bar.len())])
                 }
             });
-            let Some(mut action) = wander.or_else(|| app::expert(&a, &believed, &task.hints))
-            else {
-                break;
-            };
+            let action = wander.or_else(|| app::expert(a, &believed, &task.hints))?;
+            // Mistake 2: cancel the dialog the expert would confirm, and stop there.
             if mistake == Some(2)
                 && let Some((d, ..)) = &a.dialog
                 && action == format!("click({})", a.dialogs[*d].ok)
             {
-                action = format!("click({})", a.dialogs[*d].cancel);
-                a.act(&action);
-                steps.push(action);
-                break;
+                return Some((format!("click({})", a.dialogs[*d].cancel), true));
             }
-            a.act(&action);
-            steps.push(action);
-            if a.satisfied(&task.goal) {
-                break;
-            }
-        }
+            Some((action, false))
+        });
         (task.prompt, steps)
     }
 }

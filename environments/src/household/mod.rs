@@ -136,7 +136,7 @@ pub mod world;
 use crate::draw;
 /// Steps beyond the expert's plan before an episode ends, by default (`slack`).
 pub use crate::planner::STEP_SLACK;
-use crate::planner::{Plan, PlanEpisode, check_settings, is_default_slack};
+use crate::planner::{self, Plan, PlanEpisode, check_settings, is_default_slack};
 use rlany_framework::check::Checked;
 use rlany_framework::plugin::EnvironmentPlugin;
 use rlany_framework::{Difficulty, Dim, Environment, Episode, Rng, Split};
@@ -594,28 +594,17 @@ impl Environment for Household {
 
     fn demonstration(&self, d: &[f64], noise: f64, seed: u64) -> (String, Vec<String>) {
         let task = self.draw(d, Split::Train, seed);
-        let noise = if noise.is_nan() { 0.0 } else { noise };
-        let mut slip = Rng::derive(seed, "household/slip");
+        let (mut slip, noise) = planner::slips(seed, "household/slip", noise);
         let believed = if slip.uniform() < noise {
             forgotten(&task.world, task.goal)
         } else {
             task.goal
         };
-        let limit = world::distance(&task.world, task.goal, &task.hints) + STEP_SLACK;
-        let mut w = task.world.clone();
-        let mut steps = Vec::new();
-        while steps.len() < limit {
-            let (u, v) = (slip.uniform(), slip.uniform());
-            let action = if u < noise / 4.0 { wander(&w, v) } else { None };
-            let Some(action) = action.or_else(|| world::expert(&w, believed, &task.hints)) else {
-                break;
-            };
-            w.act(&action, task.goal);
-            steps.push(action);
-            if w.satisfied(task.goal) {
-                break;
-            }
-        }
+        let steps = planner::demonstrate(&task, &task.world, &mut slip, |w, u, v| {
+            let action = if u < noise / 4.0 { wander(w, v) } else { None };
+            let action = action.or_else(|| world::expert(w, believed, &task.hints))?;
+            Some((action, false))
+        });
         (task.prompt, steps)
     }
 }
