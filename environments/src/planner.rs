@@ -14,8 +14,8 @@
 //!   `repeated` (the previous step's action again), `off_plan` (anything else valid).
 //! - The episode ends when the goal holds or the budget is spent.
 
-use rlany_framework::{Episode, StepResult};
 use rlany_framework::Rng;
+use rlany_framework::{Episode, StepResult};
 
 /// Steps beyond the expert's plan before an episode ends, by default (`slack`).
 pub const STEP_SLACK: usize = 4;
