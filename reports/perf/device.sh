@@ -20,6 +20,8 @@
 #   CAP       seconds per step (default 90); DEADLINE seconds for everything (default 540)
 #   ANCHOR=0  skips PyTorch; ANCHOR_CAP seconds for it (default 180)
 set -u
+# Started directly, not by `cargo run`: the allocator setting of .cargo/config.toml by hand.
+export MIMALLOC_PURGE_DELAY=${MIMALLOC_PURGE_DELAY:--1}
 START=$(date +%s)
 OUT=${OUT:-/tmp/rlany-device}
 DIR=${DIR:-bench-anchor}

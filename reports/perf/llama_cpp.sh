@@ -27,6 +27,11 @@
 #   OUT           output folder (default reports/perf/llama_cpp): results.jsonl, table.md
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# The binary is started directly, not by `cargo run`, so it does not get .cargo/config.toml's
+# allocator setting: keep freed memory for the next step, as every `cargo run` does (without
+# it the kernel re-zeroes the decode's large buffers each step: 9x the page faults and
+# 1-2 s of system time on the 32-row batch; NOTES.md §6, §9i).
+export MIMALLOC_PURGE_DELAY=${MIMALLOC_PURGE_DELAY:--1}
 BIN=${1:-target/release/rlany}
 MODEL=${MODEL:-models/pretrained/SmolLM2-135M-Instruct.Q4_1.gguf}
 PY=${PY:-python3}
