@@ -79,6 +79,26 @@ pub trait AttentionOps: Backend {
         let dk = dscores.swap_dims(2, 3).matmul(q);
         [into_prim(dq), into_prim(dk), into_prim(dv)]
     }
+
+    /// `buffer` with `src` written at positions `at..at + seq` of its third axis: the KV
+    /// cache's write of new keys or values after the filled positions. By default a
+    /// `slice_assign`; a backend whose `slice_assign` copies the whole destination overrides it
+    /// with a write in place (Flex).
+    ///
+    /// # Shapes
+    /// - `buffer`: `[batch, kv_heads, capacity, head_dim]`
+    /// - `src`: `[batch, kv_heads, seq, head_dim]`, `at + seq <= capacity`
+    /// - output: `[batch, kv_heads, capacity, head_dim]`
+    fn write_positions(
+        buffer: FloatTensor<Self>,
+        src: FloatTensor<Self>,
+        at: usize,
+    ) -> FloatTensor<Self> {
+        let (buffer, src) = (float::<Self, 4>(buffer), float::<Self, 4>(src));
+        let [batch, kv_heads, seq, head_dim] = src.dims();
+        let range = [0..batch, 0..kv_heads, at..at + seq, 0..head_dim];
+        into_prim(buffer.slice_assign(range, src))
+    }
 }
 
 /// The reference twin: the composition of ordinary (differentiable) tensor ops.

@@ -199,8 +199,55 @@ where
 #[cfg(feature = "flex")]
 impl LogProbOps for burn::backend::Flex {}
 
+/// Flex's `slice_assign` (burn-flex 0.21, `ops/slice.rs`) copies the whole destination on
+/// every call: it makes the destination contiguous by cloning its handle while the original
+/// is still alive, so the copy-on-write that follows always finds the storage shared. For the
+/// KV cache, which writes one position per decoded token into a buffer of every position,
+/// that was 3% of a 32-row SmolLM2 decode on the main thread (reports/perf/NOTES.md §9i).
+/// [`AttentionOps::write_positions`] here writes in place when the buffer is a contiguous f32
+/// tensor that owns its storage alone, and falls back to the composition otherwise.
 #[cfg(feature = "flex")]
-impl AttentionOps for burn::backend::Flex {}
+impl AttentionOps for burn::backend::Flex {
+    fn write_positions(
+        mut buffer: burn_flex::FlexTensor,
+        src: burn_flex::FlexTensor,
+        at: usize,
+    ) -> burn_flex::FlexTensor {
+        use burn::tensor::DType;
+        let dims = buffer.layout().shape().to_vec();
+        let src_dims = src.layout().shape().to_vec();
+        let fits = dims.len() == 4
+            && src_dims.len() == 4
+            && src_dims[..2] == dims[..2]
+            && src_dims[3] == dims[3]
+            && at + src_dims[2] <= dims[2];
+        let whole = buffer.layout().contiguous_offsets() == Some((0, dims.iter().product()));
+        if !(fits && whole && buffer.is_unique())
+            || buffer.dtype() != DType::F32
+            || src.dtype() != DType::F32
+        {
+            let (b, s) = (float::<Self, 4>(buffer), float::<Self, 4>(src));
+            let [batch, kv_heads, seq, head_dim] = s.dims();
+            let range = [0..batch, 0..kv_heads, at..at + seq, 0..head_dim];
+            return into_prim(b.slice_assign(range, s));
+        }
+        // Contiguous from offset 0 over its whole storage after this (Flex's own guarantee).
+        let src = src.to_contiguous();
+        let start = src
+            .layout()
+            .contiguous_offsets()
+            .map_or(0, |(start, _)| start);
+        let (capacity, head_dim) = (dims[2], dims[3]);
+        let run = src_dims[2] * head_dim;
+        let from = &src.storage::<f32>()[start..];
+        let to = buffer.storage_mut::<f32>();
+        for (i, chunk) in from.chunks_exact(run).take(dims[0] * dims[1]).enumerate() {
+            let offset = (i * capacity + at) * head_dim;
+            to[offset..offset + run].copy_from_slice(chunk);
+        }
+        buffer
+    }
+}
 
 pub(crate) fn float<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(t))

@@ -626,3 +626,82 @@ mod wgpu_cube {
         check_kernel_choice_dispatches::<Raw>(&Default::default());
     }
 }
+
+/// The KV cache's write (`AttentionOps::write_positions`): Flex's in-place override gives the
+/// composition's values, and writes into the buffer it was given instead of a copy of it.
+#[cfg(feature = "flex")]
+mod flex_write_positions {
+    use crate::AttentionOps;
+    use burn::backend::Flex;
+    use burn::prelude::*;
+    use burn::tensor::{TensorData, TensorPrimitive};
+
+    fn tensor(dims: [usize; 4], first: f32) -> Tensor<Flex, 4> {
+        let n: usize = dims.iter().product();
+        let values: Vec<f32> = (0..n).map(|i| first + i as f32).collect();
+        Tensor::from_data(TensorData::new(values, dims), &Default::default())
+    }
+
+    fn write(buffer: Tensor<Flex, 4>, src: Tensor<Flex, 4>, at: usize) -> Tensor<Flex, 4> {
+        let out = Flex::write_positions(
+            buffer.into_primitive().tensor(),
+            src.into_primitive().tensor(),
+            at,
+        );
+        Tensor::from_primitive(TensorPrimitive::Float(out))
+    }
+
+    #[test]
+    fn equals_the_slice_assign_and_writes_in_place() {
+        // Buffer [2, 3, 5, 4]; two positions written at 2, from a source that is not
+        // contiguous (a swapped view), as the attention's rotated keys are.
+        let buffer = tensor([2, 3, 5, 4], 0.0);
+        let src = tensor([2, 2, 3, 4], 1000.0).swap_dims(1, 2);
+        let expected = buffer
+            .clone()
+            .slice_assign([0..2, 0..3, 2..4, 0..4], src.clone())
+            .into_data();
+        let fresh = tensor([2, 3, 5, 4], 0.0);
+        let before = fresh
+            .clone()
+            .into_primitive()
+            .tensor()
+            .storage::<f32>()
+            .as_ptr();
+        let out = write(fresh, src, 2);
+        let after = out
+            .clone()
+            .into_primitive()
+            .tensor()
+            .storage::<f32>()
+            .as_ptr();
+        assert_eq!(out.into_data(), expected);
+        assert_eq!(before, after, "written in place, not into a copy");
+        // A spot value by hand: batch 1, head 2, position 3 (source position 1), element 0
+        // is source [1, 1, 2, 0] of the [2, 2, 3, 4] source: 1000 + ((1*2 + 1)*3 + 2)*4.
+        let got = write(
+            tensor([2, 3, 5, 4], 0.0),
+            tensor([2, 2, 3, 4], 1000.0).swap_dims(1, 2),
+            2,
+        )
+        .slice([1..2, 2..3, 3..4, 0..1])
+        .into_scalar();
+        assert_eq!(got, 1000.0 + ((2 + 1) * 3 + 2) as f32 * 4.0);
+    }
+
+    #[test]
+    fn a_shared_buffer_is_left_untouched() {
+        // The cache's buffer must not change under a view someone else still holds.
+        let buffer = tensor([1, 1, 3, 2], 0.0);
+        let held = buffer.clone();
+        let out = write(buffer, tensor([1, 1, 1, 2], 50.0), 1);
+        assert_eq!(
+            held.into_data().to_vec::<f32>().expect("f32"),
+            vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+        );
+        assert_eq!(
+            out.into_data().to_vec::<f32>().expect("f32"),
+            vec![0.0, 1.0, 50.0, 51.0, 4.0, 5.0]
+        );
+    }
+}

@@ -2,6 +2,8 @@
 //! written in place, grown as a context extends, its rows selected as episodes end.
 
 use burn::prelude::*;
+use burn::tensor::TensorPrimitive;
+use rlany_kernels::AttentionOps;
 
 /// Keys and values of one layer, already rotated, in preallocated buffers written in place.
 #[derive(Debug, Clone)]
@@ -14,7 +16,18 @@ pub(crate) struct LayerKv<B: Backend> {
     len: usize,
 }
 
-impl<B: Backend> LayerKv<B> {
+/// `buffer` with `src` written at positions `at..` of the third axis (in place where the
+/// backend can: [`AttentionOps::write_positions`]).
+fn write<B: AttentionOps>(buffer: Tensor<B, 4>, src: Tensor<B, 4>, at: usize) -> Tensor<B, 4> {
+    let written = B::write_positions(
+        buffer.into_primitive().tensor(),
+        src.into_primitive().tensor(),
+        at,
+    );
+    Tensor::from_primitive(TensorPrimitive::Float(written))
+}
+
+impl<B: AttentionOps> LayerKv<B> {
     /// Writes `k` and `v` after the filled positions (growing the buffers first when they
     /// are full) and returns views of every filled position.
     ///
@@ -48,13 +61,11 @@ impl<B: Backend> LayerKv<B> {
             // One copy of the filled part into buffers with room for `reserve` more
             // positions (at least doubled, so repeated growth costs amortised O(1)).
             let grown = (needed + reserve).max(2 * capacity);
-            let filled = [0..batch, 0..kv_heads, 0..kv.len, 0..head_dim];
-            kv.key = buffer(grown, &k).slice_assign(filled.clone(), kv.key.narrow(2, 0, kv.len));
-            kv.value = buffer(grown, &v).slice_assign(filled, kv.value.narrow(2, 0, kv.len));
+            kv.key = write(buffer(grown, &k), kv.key.narrow(2, 0, kv.len), 0);
+            kv.value = write(buffer(grown, &v), kv.value.narrow(2, 0, kv.len), 0);
         }
-        let at = [0..batch, 0..kv_heads, kv.len..needed, 0..head_dim];
-        kv.key = kv.key.slice_assign(at.clone(), k);
-        kv.value = kv.value.slice_assign(at, v);
+        kv.key = write(kv.key, k, kv.len);
+        kv.value = write(kv.value, v, kv.len);
         kv.len = needed;
         let views = (
             kv.key.clone().narrow(2, 0, needed),
