@@ -72,12 +72,17 @@ impl WarmCache {
     }
 
     /// Claims the entry `key`, waiting while another thread holds it: hold the claim from
-    /// looking the entry up until it is stored, so a warm start is computed once.
-    pub fn claim(&self, key: &str) -> Claim {
+    /// looking the entry up until it is stored, so a warm start is computed once. `on_wait`
+    /// runs once, before the wait, when there is one (to say why nothing moves).
+    pub fn claim(&self, key: &str, on_wait: impl FnOnce()) -> Claim {
         let entry = self.dir.join(key);
         let (busy, released) = &BUSY;
         let mut held = busy.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut on_wait = Some(on_wait);
         while held.contains(&entry) {
+            if let Some(say) = on_wait.take() {
+                say();
+            }
             held = released.wait(held).unwrap_or_else(PoisonError::into_inner);
         }
         held.insert(entry.clone());
@@ -231,17 +236,27 @@ mod tests {
         use std::sync::atomic::{AtomicBool, Ordering};
         use std::time::Duration;
         let cache = WarmCache::new(std::env::temp_dir().join("rlany-warm-claim"));
-        let first = cache.claim("k1");
+        let waited = AtomicBool::new(false);
+        let first = cache.claim("k1", || waited.store(true, Ordering::SeqCst));
         // Another key is free at once.
-        drop(cache.claim("k2"));
+        drop(cache.claim("k2", || waited.store(true, Ordering::SeqCst)));
+        assert!(!waited.load(Ordering::SeqCst), "no wait, no message");
         let released = AtomicBool::new(false);
         std::thread::scope(|s| {
             let waiter = s.spawn(|| {
-                let _second = cache.claim("k1");
+                let _second = cache.claim("k1", || waited.store(true, Ordering::SeqCst));
                 // The claim is granted only after the first was dropped.
                 released.load(Ordering::SeqCst)
             });
-            std::thread::sleep(Duration::from_millis(200));
+            // Release only once the waiter has said that it waits (no race on a slow start).
+            let start = std::time::Instant::now();
+            while !waited.load(Ordering::SeqCst) {
+                assert!(
+                    start.elapsed() < Duration::from_secs(30),
+                    "the waiter never waited"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
             released.store(true, Ordering::SeqCst);
             drop(first);
             assert!(

@@ -252,7 +252,14 @@ fn through_cache<B: burn::prelude::Backend, M: burn::module::Module<B>>(
 ) -> Result<(M, WarmMetrics, bool), TrainError> {
     let key = warmcache::key(inputs);
     // Held until the entry is stored: a second thread needing it waits, then loads it.
-    let _claim = cache.map(|c| c.claim(&key));
+    let _claim = cache.map(|c| {
+        c.claim(&key, || {
+            eprintln!(
+                "waiting for an identical warm start that another run of this process is \
+                 computing (shared through the warm cache)"
+            );
+        })
+    });
     if let Some((model, metrics)) = cache.and_then(|c| c.load(&key, fresh.clone(), device)) {
         return Ok((model, metrics, true));
     }
