@@ -74,6 +74,11 @@ def read(run):
         # first quarter's rollouts, of its solved episodes, and the gap between them.
         "right_first_q": avg("env/step_acc", 1, q),
         "solved_right_first_q": avg("env/step_acc_solved", 1, q),
+        # Round 3 (logged since the step kinds): each kind's share of the wrong steps, first
+        # and last quarter ({kind: (first, last)}; empty in older logs).
+        "wrong_kinds": {k[len("env/wrong/"):]: (avg(k, 1, q), avg(k, last - q + 1, last))
+                        for k in sorted({k for l in lines for k in l
+                                         if k.startswith("env/wrong/")})},
     }
 
 
@@ -135,8 +140,26 @@ def report(root, suites):
             cells = [fmt(mean_ci(paired(runs, brow, k)), True) for k in MEASURES[:5]]
             print(f"| {row} | {base} | " + " | ".join(cells) + " |")
             arm = row.split("_", 2)[-1]
+            # The right-step share's difference, first quarter and last, is in the tables;
+            # here what the wrong steps are, per row (mean over seeds), where logged.
             gains[(suite, arm)] = {s: runs[s]["train_last_q"] - brow[s]["train_last_q"]
                                    for s in set(runs) & set(brow)}
+        kinds = sorted({k for runs in rows.values() for r in runs.values()
+                        for k in r["wrong_kinds"]})
+        if kinds:
+            print("\nWhat the wrong steps are: each kind's share of the wrong steps, steps 1-10 "
+                  "-> 31-40 (mean over seeds):\n")
+            print("| row | " + " | ".join(kinds) + " |")
+            print("|---|" + "---|" * len(kinds))
+            for row, runs in rows.items():
+                cells = []
+                for k in kinds:
+                    pairs_k = [r["wrong_kinds"].get(k) for r in runs.values()]
+                    firsts = [p[0] for p in pairs_k if p and p[0] is not None]
+                    lasts = [p[1] for p in pairs_k if p and p[1] is not None]
+                    cells.append(f"{sum(firsts) / len(firsts):.3f} -> {sum(lasts) / len(lasts):.3f}"
+                                 if firsts and lasts else "–")
+                print(f"| {row} | " + " | ".join(cells) + " |")
     # The interactions the plan names, paired by seed, on the primary measure.
     pairs = [("P3", "regime-household-d060", "regime-household-d015"),
              ("P4", "regime-household-d035-slack12", "regime-household-d035"),
