@@ -9,9 +9,11 @@
 //!   equally good search choices); `blame` is the step's dimensions on a valid step that was
 //!   not right, nothing on an invalid one.
 //! - Every step has a kind ([`StepResult::kind`]), the first that fits: `progress` (the plan
-//!   shrank), `invalid` (not understood or not possible), `search` (one of the expert's
-//!   equally good choices given what the agent has seen, that did not shrink the true plan),
-//!   `repeated` (the previous step's action again), `off_plan` (anything else valid).
+//!   shrank below anything the episode had reached), `regained` (it shrank back to a length
+//!   the episode had already reached: progress undone and made again; right all the same),
+//!   `invalid` (not understood or not possible), `search` (one of the expert's equally good
+//!   choices given what the agent has seen, that did not shrink the true plan), `repeated`
+//!   (the previous step's action again), `off_plan` (anything else valid).
 //! - The episode ends when the goal holds or the budget is spent.
 
 use rlany_framework::Rng;
@@ -127,6 +129,8 @@ pub(crate) struct PlanEpisode<P: Plan> {
     pub(crate) search_right: bool,
     /// The expert's distance from the current state.
     distance: usize,
+    /// The least distance any state of the episode so far has had.
+    best: usize,
     max_steps: usize,
     steps: Vec<Taken>,
     done: bool,
@@ -141,6 +145,7 @@ impl<P: Plan> PlanEpisode<P> {
             world,
             search_right: false,
             distance,
+            best: distance,
             max_steps: distance + slack,
             steps: Vec::new(),
             done: false,
@@ -190,8 +195,10 @@ impl<P: Plan> PlanEpisode<P> {
             self.distance < before
         };
         let action = said;
-        let kind = if shrank {
+        let kind = if shrank && self.distance < self.best {
             "progress"
+        } else if shrank {
+            "regained"
         } else if !valid {
             "invalid"
         } else if search {
@@ -201,6 +208,7 @@ impl<P: Plan> PlanEpisode<P> {
         } else {
             "off_plan"
         };
+        self.best = self.best.min(self.distance);
         let label = shrank || (valid && search && self.search_right);
         self.steps.push(Taken {
             label,
@@ -337,7 +345,7 @@ fn kinds_labels_budget_and_blame() {
         ("wait ", false), // the same action again (whitespace aside)
         ("-", false),     // valid, no progress, a search choice: wrong (foresight)
         ("-", true),      // the same, right by the environment's rule (belief)
-        ("+", false),     // progress; the budget is spent
+        ("+", false),     // the plan shrank back to where it was: regained; the budget is spent
     ] {
         ep.search_right = search_right;
         let text = ep.play(a, vec![0]);
@@ -347,7 +355,7 @@ fn kinds_labels_budget_and_blame() {
     assert_eq!(
         kinds,
         [
-            "progress", "invalid", "off_plan", "repeated", "search", "search", "progress"
+            "progress", "invalid", "off_plan", "repeated", "search", "search", "regained"
         ]
     );
     let labels: Vec<bool> = answers.iter().map(|r| r.label).collect();

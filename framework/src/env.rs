@@ -63,7 +63,7 @@ pub struct StepResult {
     /// step); only the explicitly named upper-bound critic (`critic: Oracle`) uses it.
     pub blame: Vec<usize>,
     /// What kind of step this was, in the task author's words (empty: not classified), e.g.
-    /// household's `progress`, `invalid`, `repeated`, `search`, `off_plan`, the corridor's
+    /// household's `progress`, `regained`, `invalid`, `repeated`, `search`, `off_plan`, the corridor's
     /// `borderline` and `clear` doors. Metrics split by it (`env/wrong/<kind>`,
     /// `env/step_acc/<kind>`, the judge's accuracy by kind); never shown to the policy, the
     /// judge or the proposer. A [`valid_kind`]: it names metrics.

@@ -471,13 +471,15 @@ pub fn propose(
 }
 
 /// The steps split by the environment's kind of step (unclassified steps left out):
-/// `env/step_acc/<kind>`, the right share of the steps of that kind, and `env/wrong/<kind>`,
-/// the share of all wrong steps that are of that kind.
+/// `env/step_acc/<kind>`, the right share of the steps of that kind, `env/wrong/<kind>`, the
+/// share of all wrong steps that are of that kind, and `env/kind/<kind>`, the share of all
+/// steps that are of that kind.
 pub fn kind_metrics<'a>(m: &mut Metrics, steps: impl Iterator<Item = &'a StepSpan>) {
     // kind → (steps, right steps), in name order so the metrics' order is fixed.
     let mut by_kind: std::collections::BTreeMap<&str, (usize, usize)> = Default::default();
-    let mut wrong = 0usize;
+    let (mut wrong, mut all) = (0usize, 0usize);
     for s in steps {
+        all += 1;
         wrong += usize::from(!s.oracle);
         if !s.kind.is_empty() {
             let e = by_kind.entry(s.kind.as_str()).or_default();
@@ -487,6 +489,7 @@ pub fn kind_metrics<'a>(m: &mut Metrics, steps: impl Iterator<Item = &'a StepSpa
     }
     for (kind, (n, right)) in by_kind {
         m.set(&format!("env/step_acc/{kind}"), right as f64 / n as f64);
+        m.set(&format!("env/kind/{kind}"), n as f64 / all as f64);
         if wrong > 0 {
             m.set(
                 &format!("env/wrong/{kind}"),
@@ -1024,6 +1027,9 @@ mod tests {
         assert_eq!(m.get("env/wrong/invalid"), Some(2.0 / 3.0));
         assert_eq!(m.get("env/wrong/progress"), Some(0.0));
         assert_eq!(m.get("env/wrong/search"), Some(0.0));
+        // Each kind's share of all steps, the unclassified one counted in the whole.
+        assert_eq!(m.get("env/kind/invalid"), Some(2.0 / 5.0));
+        assert_eq!(m.get("env/kind/progress"), Some(1.0 / 5.0));
         assert_eq!(
             m.get("env/step_acc/"),
             None,
