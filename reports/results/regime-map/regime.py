@@ -79,6 +79,9 @@ def read(run):
         "wrong_kinds": {k[len("env/wrong/"):]: (avg(k, 1, q), avg(k, last - q + 1, last))
                         for k in sorted({k for l in lines for k in l
                                          if k.startswith("env/wrong/")})},
+        # Each kind's share of all steps (logged since the `regained` kind).
+        "kinds": {k[len("env/kind/"):]: (avg(k, 1, q), avg(k, last - q + 1, last))
+                  for k in sorted({k for l in lines for k in l if k.startswith("env/kind/")})},
     }
 
 
@@ -116,6 +119,25 @@ def paired(a, b, key):
             if a[s][key] is not None and b[s][key] is not None]
 
 
+def kinds_table(rows, field, title):
+    """Per row, each kind's share (`field` of `read`), first quarter -> last, mean over seeds."""
+    kinds = sorted({k for runs in rows.values() for r in runs.values() for k in r[field]})
+    if not kinds:
+        return
+    print(f"\n{title}, steps 1-10 -> 31-40 (mean over seeds):\n")
+    print("| row | " + " | ".join(kinds) + " |")
+    print("|---|" + "---|" * len(kinds))
+    for row, runs in rows.items():
+        cells = []
+        for k in kinds:
+            pairs_k = [r[field].get(k) for r in runs.values()]
+            firsts = [p[0] for p in pairs_k if p and p[0] is not None]
+            lasts = [p[1] for p in pairs_k if p and p[1] is not None]
+            cells.append(f"{sum(firsts) / len(firsts):.3f} -> {sum(lasts) / len(lasts):.3f}"
+                         if firsts and lasts else "–")
+        print(f"| {row} | " + " | ".join(cells) + " |")
+
+
 def report(root, suites):
     gains = {}
     loaded = {suite: suite_runs(root, suite) for suite in suites}
@@ -144,22 +166,10 @@ def report(root, suites):
             # here what the wrong steps are, per row (mean over seeds), where logged.
             gains[(suite, arm)] = {s: runs[s]["train_last_q"] - brow[s]["train_last_q"]
                                    for s in set(runs) & set(brow)}
-        kinds = sorted({k for runs in rows.values() for r in runs.values()
-                        for k in r["wrong_kinds"]})
-        if kinds:
-            print("\nWhat the wrong steps are: each kind's share of the wrong steps, steps 1-10 "
-                  "-> 31-40 (mean over seeds):\n")
-            print("| row | " + " | ".join(kinds) + " |")
-            print("|---|" + "---|" * len(kinds))
-            for row, runs in rows.items():
-                cells = []
-                for k in kinds:
-                    pairs_k = [r["wrong_kinds"].get(k) for r in runs.values()]
-                    firsts = [p[0] for p in pairs_k if p and p[0] is not None]
-                    lasts = [p[1] for p in pairs_k if p and p[1] is not None]
-                    cells.append(f"{sum(firsts) / len(firsts):.3f} -> {sum(lasts) / len(lasts):.3f}"
-                                 if firsts and lasts else "–")
-                print(f"| {row} | " + " | ".join(cells) + " |")
+        for field, title in [("wrong_kinds", "What the wrong steps are: each kind's share of "
+                              "the wrong steps"),
+                             ("kinds", "What the steps are: each kind's share of all steps")]:
+            kinds_table(rows, field, title)
     # The interactions the plan names, paired by seed, on the primary measure.
     pairs = [("P3", "regime-household-d060", "regime-household-d015"),
              ("P4", "regime-household-d035-slack12", "regime-household-d035"),
