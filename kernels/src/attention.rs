@@ -94,11 +94,21 @@ pub trait AttentionOps: Backend {
         src: FloatTensor<Self>,
         at: usize,
     ) -> FloatTensor<Self> {
-        let (buffer, src) = (float::<Self, 4>(buffer), float::<Self, 4>(src));
-        let [batch, kv_heads, seq, head_dim] = src.dims();
-        let range = [0..batch, 0..kv_heads, at..at + seq, 0..head_dim];
-        into_prim(buffer.slice_assign(range, src))
+        reference_write_positions::<Self>(buffer, src, at)
     }
+}
+
+/// [`AttentionOps::write_positions`] as a `slice_assign`: the default, and the fallback of an
+/// override that writes in place only where it can.
+pub(crate) fn reference_write_positions<B: Backend>(
+    buffer: FloatTensor<B>,
+    src: FloatTensor<B>,
+    at: usize,
+) -> FloatTensor<B> {
+    let (buffer, src) = (float::<B, 4>(buffer), float::<B, 4>(src));
+    let [batch, kv_heads, seq, head_dim] = src.dims();
+    let range = [0..batch, 0..kv_heads, at..at + seq, 0..head_dim];
+    into_prim(buffer.slice_assign(range, src))
 }
 
 /// The reference twin: the composition of ordinary (differentiable) tensor ops.

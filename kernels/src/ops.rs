@@ -205,7 +205,8 @@ impl LogProbOps for burn::backend::Flex {}
 /// KV cache, which writes one position per decoded token into a buffer of every position,
 /// that was 3% of a 32-row SmolLM2 decode on the main thread (reports/perf/NOTES.md §9i).
 /// [`AttentionOps::write_positions`] here writes in place when the buffer is a contiguous f32
-/// tensor that owns its storage alone, and falls back to the composition otherwise.
+/// tensor that owns its storage alone and something is written, and falls back to the
+/// composition otherwise.
 #[cfg(feature = "flex")]
 impl AttentionOps for burn::backend::Flex {
     fn write_positions(
@@ -220,16 +221,14 @@ impl AttentionOps for burn::backend::Flex {
             && src_dims.len() == 4
             && src_dims[..2] == dims[..2]
             && src_dims[3] == dims[3]
-            && at + src_dims[2] <= dims[2];
+            && at + src_dims[2] <= dims[2]
+            && src_dims[2] * dims[3] > 0;
         let whole = buffer.layout().contiguous_offsets() == Some((0, dims.iter().product()));
         if !(fits && whole && buffer.is_unique())
             || buffer.dtype() != DType::F32
             || src.dtype() != DType::F32
         {
-            let (b, s) = (float::<Self, 4>(buffer), float::<Self, 4>(src));
-            let [batch, kv_heads, seq, head_dim] = s.dims();
-            let range = [0..batch, 0..kv_heads, at..at + seq, 0..head_dim];
-            return into_prim(b.slice_assign(range, s));
+            return crate::attention::reference_write_positions::<Self>(buffer, src, at);
         }
         // Contiguous from offset 0 over its whole storage after this (Flex's own guarantee).
         let src = src.to_contiguous();

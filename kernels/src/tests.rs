@@ -690,6 +690,13 @@ mod flex_write_positions {
     }
 
     #[test]
+    fn an_empty_write_leaves_the_buffer_as_it_was() {
+        // No position to write (the in-place path's chunk length would be 0).
+        let out = write(tensor([1, 2, 3, 2], 0.0), tensor([1, 2, 0, 2], 9.0), 1);
+        assert_eq!(out.into_data(), tensor([1, 2, 3, 2], 0.0).into_data());
+    }
+
+    #[test]
     fn a_shared_buffer_is_left_untouched() {
         // The cache's buffer must not change under a view someone else still holds.
         let buffer = tensor([1, 1, 3, 2], 0.0);
