@@ -55,6 +55,10 @@ def read(run):
         xs = [l[key] for l in lines if lo <= l["step"] <= hi and l.get(key) is not None]
         return sum(xs) / len(xs) if xs else None
 
+    def by_kind(prefix):
+        keys = sorted({k for l in lines for k in l if k.startswith(prefix)})
+        return {k[len(prefix):]: (avg(k, 1, q), avg(k, last - q + 1, last)) for k in keys}
+
     def final(key):
         xs = [l[key] for l in lines if l.get(key) is not None]
         return xs[-1] if xs else None
@@ -74,14 +78,11 @@ def read(run):
         # first quarter's rollouts, of its solved episodes, and the gap between them.
         "right_first_q": avg("env/step_acc", 1, q),
         "solved_right_first_q": avg("env/step_acc_solved", 1, q),
-        # Round 3 (logged since the step kinds): each kind's share of the wrong steps, first
-        # and last quarter ({kind: (first, last)}; empty in older logs).
-        "wrong_kinds": {k[len("env/wrong/"):]: (avg(k, 1, q), avg(k, last - q + 1, last))
-                        for k in sorted({k for l in lines for k in l
-                                         if k.startswith("env/wrong/")})},
-        # Each kind's share of all steps (logged since the `regained` kind).
-        "kinds": {k[len("env/kind/"):]: (avg(k, 1, q), avg(k, last - q + 1, last))
-                  for k in sorted({k for l in lines for k in l if k.startswith("env/kind/")})},
+        # Round 3, first and last quarter ({kind: (first, last)}; empty in older logs): each
+        # kind's share of the wrong steps (logged since the step kinds) and of all steps
+        # (since the `regained` kind).
+        "wrong_kinds": by_kind("env/wrong/"),
+        "kinds": by_kind("env/kind/"),
     }
 
 
@@ -162,8 +163,6 @@ def report(root, suites):
             cells = [fmt(mean_ci(paired(runs, brow, k)), True) for k in MEASURES[:5]]
             print(f"| {row} | {base} | " + " | ".join(cells) + " |")
             arm = row.split("_", 2)[-1]
-            # The right-step share's difference, first quarter and last, is in the tables;
-            # here what the wrong steps are, per row (mean over seeds), where logged.
             gains[(suite, arm)] = {s: runs[s]["train_last_q"] - brow[s]["train_last_q"]
                                    for s in set(runs) & set(brow)}
         for field, title in [("wrong_kinds", "What the wrong steps are: each kind's share of "
