@@ -44,6 +44,10 @@ pub(crate) struct BenchArgs {
     /// With --models: the reduced CPU sizes (rows named `…@quick`), about a minute on a CPU.
     #[arg(long)]
     quick: bool,
+    /// With --models: the PPO steps' rows in this many groups, each run forward and backward
+    /// on its own thread, as a run's update with `shards: n` (rollouts are one batch).
+    #[arg(long, default_value_t = 1)]
+    shards: usize,
     /// With --models: only workloads whose name starts with one of these (e.g. R_small,T_small).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -265,14 +269,22 @@ where
         // Tokens are chosen on the device everywhere but on the CPU backend, as in training.
         let on_device = !super::parse_backend(&args.backend)?.is_cpu();
         let rows = crate::bench_models::run::<B>(
-            device, args.quick, dtype, args.reps, &args.only, on_device,
+            device,
+            args.quick,
+            dtype,
+            args.reps,
+            &args.only,
+            on_device,
+            args.shards,
         )?;
         print_model_table(&rows);
         results.extend(rows.iter().map(|r| {
             serde_json::json!({
                 "name": r.name, "workload": r.name, "variant": "rlany", "dtype": r.dtype,
+                "shards": args.shards,
                 "median_ms": r.ms, "tokens": r.tokens,
                 "tokens_per_s": r.ms.map(|ms| r.tokens as f64 / (ms * 1e-3)),
+                "gflop_per_s": r.ms.zip(r.flop).map(|(ms, f)| f / (ms * 1e-3) / 1e9),
                 "device_reserved_bytes": r.reserved, "error": r.error,
             })
         }));
@@ -294,8 +306,8 @@ where
 
 fn print_model_table(rows: &[crate::bench_models::ModelRow]) {
     println!(
-        "{:<18} {:<6} {:>12} {:>10} {:>14} {:>12}",
-        "name", "dtype", "median ms", "tokens", "tokens/s", "reserved"
+        "{:<18} {:<6} {:>12} {:>10} {:>14} {:>10} {:>12}",
+        "name", "dtype", "median ms", "tokens", "tokens/s", "GFLOP/s", "reserved"
     );
     for r in rows {
         let reserved = r.reserved.map_or("-".to_string(), |b| {
@@ -303,12 +315,14 @@ fn print_model_table(rows: &[crate::bench_models::ModelRow]) {
         });
         match r.ms {
             Some(ms) => println!(
-                "{:<18} {:<6} {:>12.1} {:>10} {:>14.0} {:>12}",
+                "{:<18} {:<6} {:>12.1} {:>10} {:>14.0} {:>10} {:>12}",
                 r.name,
                 r.dtype,
                 ms,
                 r.tokens,
                 r.tokens as f64 / (ms * 1e-3),
+                r.flop
+                    .map_or("-".to_string(), |f| format!("{:.1}", f / (ms * 1e-3) / 1e9)),
                 reserved
             ),
             None => println!(

@@ -15,6 +15,13 @@
 //! the tiny workloads (`C_tiny_T` at its full size) — a minute on a CPU; its rows are named
 //! `…@quick` so they are never set beside full-size numbers.
 //!
+//! `T_smollm2_lora` is the CPU's PPO update of `experiments/pretrained/smollm2_arith_lora.ron`:
+//! SmolLM2-135M's shape (V 49152, d 576, 30 layers, 9/3 heads, FFN 1536, tied head, no QKV
+//! bias, RoPE θ 10⁵, RMSNorm ε 10⁻⁵, f32; weights drawn from a seed, which the time does not
+//! depend on), frozen, with the file's rank-8 adapters on `q_proj` and `v_proj`, on 8 rows of
+//! 128 tokens in one micro-batch. Train rows also report GFLOP/s: the dense products'
+//! arithmetic ([`Workload::train_flop`]) over the median time.
+//!
 //! Timing: one warm-up run, the device synchronised before each clock read, the median of
 //! the repeats; `device_reserved_bytes` is what the backend's memory pools hold after the
 //! workload (their peak), where the backend reports it.
@@ -44,6 +51,12 @@ pub(crate) struct Shape {
     pub ffn: usize,
     /// The dtype the workload is defined in.
     pub dtype: FloatDType,
+    /// The head shares the embedding's weights (SmolLM2) instead of its own (BENCH.md's).
+    pub tied: bool,
+    /// Biases on the q/k/v projections (BENCH.md's models; not SmolLM2).
+    pub qkv_bias: bool,
+    pub rope_theta: f32,
+    pub norm_eps: f64,
 }
 
 pub(crate) const SMALL: Shape = Shape {
@@ -55,6 +68,10 @@ pub(crate) const SMALL: Shape = Shape {
     kv_heads: 8,
     ffn: 1408,
     dtype: FloatDType::F32,
+    tied: false,
+    qkv_bias: true,
+    rope_theta: 10_000.0,
+    norm_eps: 1e-6,
 };
 
 pub(crate) const QWEN05B: Shape = Shape {
@@ -66,6 +83,10 @@ pub(crate) const QWEN05B: Shape = Shape {
     kv_heads: 2,
     ffn: 4864,
     dtype: FloatDType::BF16,
+    tied: false,
+    qkv_bias: true,
+    rope_theta: 10_000.0,
+    norm_eps: 1e-6,
 };
 
 pub(crate) const TINY: Shape = Shape {
@@ -77,6 +98,26 @@ pub(crate) const TINY: Shape = Shape {
     kv_heads: 4,
     ffn: 384,
     dtype: FloatDType::F32,
+    tied: false,
+    qkv_bias: true,
+    rope_theta: 10_000.0,
+    norm_eps: 1e-6,
+};
+
+/// SmolLM2-135M(-Instruct)'s shape, as its GGUF and Hugging Face configs give it.
+pub(crate) const SMOLLM2: Shape = Shape {
+    name: "smollm2",
+    vocab: 49_152,
+    d_model: 576,
+    layers: 30,
+    heads: 9,
+    kv_heads: 3,
+    ffn: 1536,
+    dtype: FloatDType::F32,
+    tied: true,
+    qkv_bias: false,
+    rope_theta: 100_000.0,
+    norm_eps: 1e-5,
 };
 
 /// What one workload does.
@@ -98,6 +139,9 @@ pub(crate) struct Workload {
     pub name: String,
     pub shape: Shape,
     pub work: Work,
+    /// Rank-8 adapters (α 16) on `q_proj` and `v_proj`, the base frozen (the SmolLM2 LoRA
+    /// files' setting); otherwise every weight is trained.
+    pub lora: bool,
 }
 
 /// The workloads: BENCH.md's full sizes, or the CPU's `--quick` ones.
@@ -106,6 +150,16 @@ pub(crate) fn workloads(quick: bool) -> Vec<Workload> {
         name: name.to_string(),
         shape,
         work,
+        lora: false,
+    };
+    // The CPU's PPO update of the SmolLM2 LoRA file, in both lists: its size is the CPU's.
+    let smollm2_lora = Workload {
+        lora: true,
+        ..w(
+            "T_smollm2_lora",
+            SMOLLM2,
+            Work::Train { batch: 8, seq: 128 },
+        )
     };
     if quick {
         vec![
@@ -136,6 +190,7 @@ pub(crate) fn workloads(quick: bool) -> Vec<Workload> {
                     seq: 128,
                 },
             ),
+            smollm2_lora,
         ]
     } else {
         vec![
@@ -181,6 +236,7 @@ pub(crate) fn workloads(quick: bool) -> Vec<Workload> {
                     seq: 128,
                 },
             ),
+            smollm2_lora,
         ]
     }
 }
@@ -197,10 +253,38 @@ impl Shape {
             self.ffn,
             max_seq_len,
         )
-        .with_qkv_bias(true)
-        .with_tie_embeddings(false)
-        .with_norm_eps(1e-6)
-        .with_rope_theta(10_000.0)
+        .with_qkv_bias(self.qkv_bias)
+        .with_tie_embeddings(self.tied)
+        .with_norm_eps(self.norm_eps)
+        .with_rope_theta(self.rope_theta)
+    }
+
+    /// Multiply-adds of one token's dense products: every layer's q, k, v, o and MLP
+    /// projections, and the head.
+    pub(crate) fn product_weights(&self) -> usize {
+        let head_dim = self.d_model / self.heads;
+        let (q, kv) = (self.heads * head_dim, self.kv_heads * head_dim);
+        let per_layer =
+            self.d_model * (q + 2 * kv) + q * self.d_model + 3 * self.d_model * self.ffn;
+        self.layers * per_layer + self.vocab * self.d_model
+    }
+}
+
+impl Workload {
+    /// FLOPs of one PPO step's dense products (`None` for a rollout): per trained token, the
+    /// forward's `2·W` (W = [`Shape::product_weights`]), the backward's input gradients `2·W`
+    /// and, where the weights train, their gradients `2·W` more. A frozen base with adapters
+    /// (`lora`) has no weight gradients to compute; the adapters' own products (< 0.5% at
+    /// rank 8) and the attention's scores (≈ 2% at 128 tokens) are left out, so the rate is
+    /// a slight underestimate.
+    pub(crate) fn train_flop(&self) -> Option<f64> {
+        match self.work {
+            Work::Train { batch, seq } => {
+                let passes = if self.lora { 2.0 } else { 3.0 };
+                Some(2.0 * passes * self.shape.product_weights() as f64 * (batch * seq) as f64)
+            }
+            Work::Rollout { .. } => None,
+        }
     }
 }
 
@@ -231,6 +315,8 @@ pub(crate) struct ModelRow {
     pub dtype: &'static str,
     pub ms: Option<f64>,
     pub tokens: usize,
+    /// The dense products' FLOPs of one run ([`Workload::train_flop`]; train rows only).
+    pub flop: Option<f64>,
     pub reserved: Option<u64>,
     pub error: Option<String>,
 }
@@ -243,6 +329,7 @@ pub(crate) fn run<B>(
     reps: usize,
     only: &[String],
     on_device: bool,
+    shards: usize,
 ) -> Result<Vec<ModelRow>>
 where
     B: AutodiffBackend + AutodiffLogProbOps,
@@ -273,7 +360,7 @@ where
                 let shape = (batch, prompt, sampled);
                 rollout::<B::InnerBackend>(device, &wl, dt, shape, reps, on_device)
             }
-            Work::Train { batch, seq } => train::<B>(device, &wl, dt, batch, seq, reps),
+            Work::Train { batch, seq } => train::<B>(device, &wl, dt, (batch, seq), shards, reps),
         });
         let (ms, error) = match result {
             Ok(ms) => (Some(ms), None),
@@ -284,6 +371,7 @@ where
             dtype: dname,
             ms,
             tokens: wl.work.tokens(),
+            flop: wl.train_flop(),
             reserved: B::device_memory_reserved(device),
             error,
         });
@@ -302,10 +390,20 @@ fn model<B: AttentionOps>(
         .config(wl.work.max_seq_len())
         .init_seeded::<B>(device, &mut Rng::new(7))
         .with_context(|| format!("model of {}", wl.name))?;
-    Ok(if dtype == FloatDType::F32 {
+    let model = if dtype == FloatDType::F32 {
         model
     } else {
         model.with_dtype(dtype)
+    };
+    Ok(if wl.lora {
+        let spec = rlany_framework::experiment::LoraSpec {
+            r: 8,
+            lora_alpha: 16.0,
+            ..Default::default()
+        };
+        model.with_lora(&spec, &mut Rng::new(9))
+    } else {
+        model
     })
 }
 
@@ -341,13 +439,15 @@ fn rollout<B: AttentionOps>(
     })
 }
 
-/// Median ms of `reps` PPO steps (one warm-up first).
+/// Median ms of `reps` PPO steps (one warm-up first), the rows split into `shards` groups
+/// run forward and backward on their own threads and their gradients summed, as a run's
+/// update does with `shards: n` (`rlany_framework::shard::grads`; 1: one batch).
 fn train<B>(
     device: &B::Device,
     wl: &Workload,
     dtype: FloatDType,
-    batch: usize,
-    seq: usize,
+    (batch, seq): (usize, usize),
+    shards: usize,
     reps: usize,
 ) -> Result<f64>
 where
@@ -364,8 +464,8 @@ where
         })
         .collect();
     let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
-    let tokens = token_batch::<B>(&refs, 0, seq + 1, device);
-    // Old log-probs in (−5, 0], one advantage per row, every token weighted 1 / (B·T).
+    // Old log-probs in (−5, 0], one advantage per row, every token weighted 1 / (B·T) (so
+    // the shards' losses sum to the batch's).
     let old = Tensor::<B, 2>::random([batch, seq], Distribution::Uniform(-5.0, 0.0), device);
     let adv_rows: Vec<f32> = (0..batch).map(|_| rng.normal() as f32).collect();
     let adv: Vec<f32> = adv_rows
@@ -379,25 +479,37 @@ where
         seq,
         device,
     );
+    // One input per shard: its rows' tokens, old log-probs, advantages and weights.
+    let inputs: Vec<_> = rlany_framework::shard::ranges(batch, shards)
+        .into_iter()
+        .map(|r| {
+            let rows = || r.clone();
+            (
+                token_batch::<B>(&refs[rows()], 0, seq + 1, device),
+                old.clone().slice([rows(), 0..seq]),
+                adv.clone().slice([rows(), 0..seq]),
+                weight.clone().slice([rows(), 0..seq]),
+            )
+        })
+        .collect();
     let mut times = Vec::with_capacity(reps);
     for i in 0..=reps {
         B::sync(device).map_err(|e| anyhow::anyhow!("device sync: {e}"))?;
         let start = Instant::now();
         let m = model.take().context("model")?;
-        let new_lp = sequence_logprobs(&m, &tokens, KernelChoice::Fused);
-        let out = ppo_loss(
-            new_lp,
-            old.clone(),
-            KlTerm::Sampled {
-                target_lp: old.clone(),
-                estimator: SampledKl::K3,
+        let (grads, _) = rlany_framework::shard::grads(
+            &m,
+            inputs.clone(),
+            |m: &Transformer<B>, (tokens, old, adv, weight)| {
+                let new_lp = sequence_logprobs(m, &tokens, KernelChoice::Fused);
+                let kl = KlTerm::Sampled {
+                    target_lp: old.clone(),
+                    estimator: SampledKl::K3,
+                };
+                (ppo_loss(new_lp, old, kl, adv, weight, 0.2, 0.01).loss, ())
             },
-            adv.clone(),
-            weight.clone(),
-            0.2,
-            0.01,
         );
-        let (m, _norm) = rlany_framework::ppo::clip::step(m, &mut optim, out.loss, 1e-5, 1.0);
+        let (m, _norm) = rlany_framework::ppo::clip::apply(m, &mut optim, grads, 1e-5, 1.0);
         model = Some(m);
         B::sync(device).map_err(|e| anyhow::anyhow!("device sync: {e}"))?;
         if i > 0 {
@@ -490,7 +602,8 @@ mod tests {
                 seq: 128
             }
         );
-        // Quick rows never share a name with a full-size row (C_tiny_T is the same work).
+        // Quick rows never share a name with a full-size row (C_tiny_T and T_smollm2_lora
+        // are the same work in both).
         for w in workloads(true) {
             assert!(
                 w.name.ends_with("@quick") || full.contains(&w),
@@ -512,5 +625,35 @@ mod tests {
             .config(256)
             .init::<burn::backend::NdArray>(&Default::default());
         assert_eq!(built.expect("valid").num_params(), hand);
+    }
+
+    #[test]
+    fn the_smollm2_workload_is_the_lora_file_s_update_with_its_flops_by_hand() {
+        let w = workloads(true)
+            .into_iter()
+            .find(|w| w.name == "T_smollm2_lora")
+            .expect("in the quick list");
+        assert!(workloads(false).contains(&w), "the same row in both lists");
+        assert!(w.lora);
+        // SmolLM2-135M: 30 × (q 576², k and v 576 × 192, o 576², MLP 3 × 576 × 1536, two
+        // norms) + the tied embedding 49152 × 576 + the final norm: 134,515,008 parameters,
+        // the count its model card gives.
+        let c = SMOLLM2.config(129);
+        assert!(c.tie_embeddings && !c.qkv_bias);
+        let built = c.init::<burn::backend::NdArray>(&Default::default());
+        assert_eq!(built.expect("valid").num_params(), 134_515_008);
+        // Dense products per token: 30 × 3,538,944 + 28,311,552 (the head) = 134,479,872;
+        // a LoRA step (forward + input gradients) on 8 × 128 tokens: 4 × that × 1024.
+        assert_eq!(SMOLLM2.product_weights(), 134_479_872);
+        assert_eq!(w.train_flop(), Some(4.0 * 134_479_872.0 * 1024.0));
+        let full = Workload {
+            lora: false,
+            ..w.clone()
+        };
+        assert_eq!(full.train_flop(), Some(6.0 * 134_479_872.0 * 1024.0));
+        let rollout = workloads(true)
+            .into_iter()
+            .find(|w| w.name == "R_small@quick");
+        assert_eq!(rollout.and_then(|w| w.train_flop()), None);
     }
 }

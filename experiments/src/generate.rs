@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use rlany_framework::{CausalLm, Rng, SampleParams, Tokenizer};
+use rlany_framework::{CausalLm, Rng, SampleParams, Tokenizer, shard};
 use rlany_kernels::AttentionOps;
 use rlany_models::{Role, load_pretrained};
 
@@ -57,6 +57,11 @@ pub struct GenerateArgs {
     /// tokens (for timing against another engine on equal work).
     #[arg(long)]
     pub ignore_eos: bool,
+    /// With --batch: decode the rows in this many groups, each on its own thread, as a run's
+    /// rollout does with `shards: n` (each group from its own sampling stream, drawn from
+    /// --seed; greedy replies do not depend on it).
+    #[arg(long, default_value_t = 1)]
+    pub shards: usize,
 }
 
 /// Peak resident memory of this process so far, in MiB (Linux; `None` elsewhere).
@@ -77,6 +82,9 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     }
     if args.batch == 0 {
         return Err(UsageError("--batch must be at least 1".to_string()).into());
+    }
+    if args.shards == 0 {
+        return Err(UsageError("--shards must be at least 1".to_string()).into());
     }
     if !args.model.exists() {
         return Err(UsageError(missing_model_hint(&args.model)).into());
@@ -129,10 +137,24 @@ fn generate_on<B: AttentionOps>(args: &GenerateArgs, device: &B::Device) -> Resu
         on_device: false,
     };
     let started = Instant::now();
-    let prompts = vec![ids.clone(); args.batch];
-    let rows = p
-        .model
-        .generate(&prompts, &params, &mut Rng::new(args.seed));
+    // The rows in groups as a sharded rollout splits its episodes (`shard::ranges`), each
+    // group's stream seeded from the run's; one group is the whole batch on the run's stream.
+    let mut rng = Rng::new(args.seed);
+    let ranges = shard::ranges(args.batch, args.shards);
+    let one = ranges.len() == 1;
+    let groups: Vec<_> = ranges
+        .into_iter()
+        .map(|r| {
+            let seed = if one { args.seed } else { rng.next_u64() };
+            (p.model.clone(), r.len(), seed)
+        })
+        .collect();
+    let rows: Vec<_> = shard::map(groups, |(model, rows, seed)| {
+        model.generate(&vec![ids.clone(); rows], &params, &mut Rng::new(seed))
+    })
+    .into_iter()
+    .flatten()
+    .collect();
     let gen_s = started.elapsed().as_secs_f64();
     let generated: usize = rows.iter().map(|g| g.tokens.len()).sum();
     let generation = rows

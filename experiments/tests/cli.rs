@@ -214,8 +214,9 @@ fn a_backend_not_compiled_in_is_refused_with_its_feature() {
 }
 
 /// `rlany generate --batch N --ignore-eos` decodes N rows of exactly `--max-tokens` tokens
-/// each (the throughput measurement of reports/perf/llama_cpp.sh) and says so; `--batch 0`
-/// is a usage error.
+/// each (the throughput measurement of reports/perf/llama_cpp.sh) and says so, in row groups
+/// on their own threads with `--shards` (the same greedy reply); `--batch 0` and `--shards 0`
+/// are usage errors.
 #[test]
 fn generate_decodes_a_batch_of_fixed_length_rows() {
     let _cpu = shared_cpu();
@@ -237,14 +238,32 @@ fn generate_decodes_a_batch_of_fixed_length_rows() {
         (
             out.status.code().unwrap_or(-1),
             String::from_utf8_lossy(&out.stderr).into_owned(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
         )
     };
-    let (code, err) = run(&["--batch", "3", "--ignore-eos", "--max-tokens", "5"]);
+    let (code, err, reply) = run(&["--batch", "3", "--ignore-eos", "--max-tokens", "5"]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("3 rows, reply 15 tokens"), "{err}");
-    let (code, err) = run(&["--batch", "0"]);
-    assert_eq!(code, 2, "{err}");
-    assert!(err.contains("--batch must be at least 1"), "{err}");
+    let (code, err, sharded) = run(&[
+        "--batch",
+        "3",
+        "--ignore-eos",
+        "--max-tokens",
+        "5",
+        "--shards",
+        "2",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("3 rows, reply 15 tokens"), "{err}");
+    assert_eq!(sharded, reply, "greedy rows do not depend on their group");
+    for (flag, message) in [
+        ("--batch", "--batch must be at least 1"),
+        ("--shards", "--shards must be at least 1"),
+    ] {
+        let (code, err, _) = run(&[flag, "0"]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains(message), "{err}");
+    }
 }
 
 /// The full system at a tiny scale (a learned judge, the GP proposer, a KL penalty against a

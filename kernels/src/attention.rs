@@ -96,6 +96,26 @@ pub trait AttentionOps: Backend {
     ) -> FloatTensor<Self> {
         reference_write_positions::<Self>(buffer, src, at)
     }
+    /// Rotary positions ([`crate::rotary`]): `[x1, x2] ↦ [x1·cos − x2·sin, x2·cos + x1·sin]`
+    /// over the halves of the head dimension. By default the composition
+    /// ([`crate::rotary::reference_rotary`]); a backend may do it in one pass (Flex), and
+    /// `Autodiff<B>` adds the backward (the rotation by `−sin`).
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, heads, seq, head_dim]`
+    /// - `cos`, `sin`: `[batch or 1, 1, seq, head_dim / 2]`
+    /// - output: `[batch, heads, seq, head_dim]`
+    fn rotary(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        into_prim(crate::rotary::reference_rotary::<Self>(
+            float(x),
+            float(cos),
+            float(sin),
+        ))
+    }
 }
 
 /// [`AttentionOps::write_positions`] as a `slice_assign`: the default, and the fallback of an

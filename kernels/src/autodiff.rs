@@ -91,6 +91,28 @@ impl<B: AttentionOps> Backward<B, 3> for GroupedAttentionBackward {
     }
 }
 
+#[derive(Debug)]
+struct RotaryBackward;
+
+impl<B: AttentionOps> Backward<B, 1> for RotaryBackward {
+    /// (cos, sin): constants (tables of angles).
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 1>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [parent] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let Some(parent) = parent else { return };
+        let (cos, sin) = ops.state;
+        // The rotation is orthogonal: its transpose is the rotation by the opposite angles.
+        grads.register::<B>(parent.id, B::rotary(grad, cos, B::float_neg(sin)));
+    }
+}
+
 /// The probabilities are not kept: the backward node holds the inputs and recomputes them.
 impl<B: AttentionOps, C: CheckpointStrategy> AttentionOps for Autodiff<B, C> {
     fn grouped_attention(
@@ -124,6 +146,24 @@ impl<B: AttentionOps, C: CheckpointStrategy> AttentionOps for Autodiff<B, C> {
                 );
                 prep.finish(state, out)
             }
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        }
+    }
+
+    fn rotary(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        // The angles are tables built from positions: constants, whatever their nodes say.
+        let (cos, sin) = (cos.primitive, sin.primitive);
+        let out = B::rotary(x.primitive.clone(), cos.clone(), sin.clone());
+        match RotaryBackward
+            .prepare::<C>([x.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((cos, sin), out),
             OpsKind::UnTracked(prep) => prep.finish(out),
         }
     }

@@ -25,11 +25,13 @@ pub mod fused;
 mod fusion;
 mod ops;
 pub mod reference;
+pub mod rotary;
 
 pub use attention::{AttentionOps, grouped_attention, reference_grouped_attention};
 pub use fused::KernelChoice;
 pub use ops::{AutodiffLogProbOps, KlStats, LogProbOps};
 pub use reference::{kl_full, token_logprobs};
+pub use rotary::{reference_rotary, rotary};
 
 #[cfg(test)]
 mod tests;

@@ -246,6 +246,50 @@ impl AttentionOps for burn::backend::Flex {
         }
         buffer
     }
+    /// One pass over contiguous f32 copies of the inputs ([`crate::rotary`]; the composition
+    /// runs seven of Flex's strided passes); other dtypes and shapes take the composition.
+    fn rotary(
+        x: burn_flex::FlexTensor,
+        cos: burn_flex::FlexTensor,
+        sin: burn_flex::FlexTensor,
+    ) -> burn_flex::FlexTensor {
+        use burn::tensor::{DType, TensorData};
+        let dims = x.layout().shape().to_vec();
+        let angle_dims = cos.layout().shape().to_vec();
+        let fits = dims.len() == 4
+            && dims[3] % 2 == 0
+            && angle_dims.len() == 4
+            && sin.layout().shape().to_vec() == angle_dims
+            && (angle_dims[0] == 1 || angle_dims[0] == dims[0])
+            && angle_dims[1] == 1
+            && angle_dims[2] == dims[2]
+            && angle_dims[3] == dims[3] / 2;
+        let composed = |x, cos, sin| {
+            into_prim(crate::rotary::reference_rotary::<Self>(
+                float(x),
+                float(cos),
+                float(sin),
+            ))
+        };
+        if !fits
+            || [x.dtype(), cos.dtype(), sin.dtype()]
+                .iter()
+                .any(|d| *d != DType::F32)
+        {
+            return composed(x, cos, sin);
+        }
+        let (xc, cc, sc) = (x.to_contiguous(), cos.to_contiguous(), sin.to_contiguous());
+        let (Some(xs), Some(cs), Some(ss)) = (
+            xc.as_slice::<f32>(),
+            cc.as_slice::<f32>(),
+            sc.as_slice::<f32>(),
+        ) else {
+            return composed(x, cos, sin);
+        };
+        let shape = [dims[0], dims[1], dims[2], dims[3]];
+        let out = crate::rotary::rotary_host(xs, cs, ss, shape, angle_dims[0]);
+        burn_flex::FlexTensor::from_data(TensorData::new(out, shape))
+    }
 }
 
 pub(crate) fn float<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {

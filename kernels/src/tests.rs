@@ -444,6 +444,65 @@ fn check_attention_by_hand<B: crate::AttentionOps>(device: &B::Device) {
     assert_close("attention by hand", &out, &want, tol_for(DType::F32));
 }
 
+/// (batch, heads, seq, head_dim, angle rows, x a swapped view): a decode step (seq 1, angles
+/// per row), a prompt (angles shared), per-row angles over several positions, odd sizes.
+const ROTARY_SHAPES: &[(usize, usize, usize, usize, usize, bool)] = &[
+    (3, 9, 1, 64, 3, true),
+    (1, 3, 5, 8, 1, true),
+    (2, 2, 4, 6, 2, false),
+    (2, 3, 7, 2, 1, false),
+];
+
+/// [`crate::rotary`] against its reference twin: the forward and `dx` bit for bit (the one pass
+/// rounds as the composition does), the untracked forward equal too.
+fn check_rotary_vs_reference<B>(device: &B::Device, seed: u64)
+where
+    B: AutodiffBackend<InnerBackend: crate::AttentionOps> + crate::AttentionOps,
+{
+    use crate::{reference_rotary, rotary};
+    let mut rng = Rng(seed);
+    for &(batch, heads, seq, head_dim, angle_rows, swapped) in ROTARY_SHAPES {
+        let ctx = format!("rotary b{batch} h{heads} s{seq} d{head_dim} angles{angle_rows}");
+        let mut random = |shape: [usize; 4], spread: f64| {
+            let n = shape.iter().product();
+            let values = (0..n).map(|_| rng.uniform(-spread, spread)).collect();
+            Tensor::<B, 4>::from_data(TensorData::new(values, shape), device)
+        };
+        // As the attention's q and k arrive: [batch, seq, heads, head_dim] swapped.
+        let x = if swapped {
+            random([batch, seq, heads, head_dim], 2.0).swap_dims(1, 2)
+        } else {
+            random([batch, heads, seq, head_dim], 2.0)
+        };
+        let cos = random([angle_rows, 1, seq, head_dim / 2], 1.0);
+        let sin = random([angle_rows, 1, seq, head_dim / 2], 1.0);
+        let w = random([batch, heads, seq, head_dim], 1.0);
+        let run = |fused: bool| {
+            let x = x.clone().require_grad();
+            let out = if fused {
+                rotary(x.clone(), &cos, &sin)
+            } else {
+                reference_rotary(x.clone(), cos.clone(), sin.clone())
+            };
+            let grads = (out.clone() * w.clone()).sum().backward();
+            (to_f32(out), x.grad(&grads).map(to_f32))
+        };
+        let (want, want_dx) = run(false);
+        let (got, got_dx) = run(true);
+        assert_eq!(got, want, "{ctx}: forward");
+        // Bit for bit too: the inverse rotation's two products and one sum are the terms the
+        // composition's backward adds.
+        let (got_dx, want_dx) = (got_dx.expect("dx"), want_dx.expect("dx"));
+        assert_eq!(got_dx, want_dx, "{ctx}: dx");
+        let inner = rotary(
+            x.clone().inner(),
+            &cos.clone().inner(),
+            &sin.clone().inner(),
+        );
+        assert_eq!(to_f32(inner), want, "{ctx}: untracked forward");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // NdArray (always).
 
@@ -467,6 +526,11 @@ mod ndarray {
     fn recomputing_attention_matches_its_reference_twin() {
         check_attention_vs_reference::<B>(&Default::default(), 5);
         check_attention_by_hand::<B>(&Default::default());
+    }
+
+    #[test]
+    fn rotary_matches_its_reference_twin_and_its_backward_is_the_inverse_rotation() {
+        check_rotary_vs_reference::<B>(&Default::default(), 8);
     }
 
     /// On NdArray both arms run the same composed code (NdArray has no kernels), so this only
@@ -629,6 +693,16 @@ mod wgpu_cube {
 
 /// The KV cache's write (`AttentionOps::write_positions`): Flex's in-place override gives the
 /// composition's values, and writes into the buffer it was given instead of a copy of it.
+/// Flex's one-pass rotary ([`crate::AttentionOps::rotary`]) and its backward node.
+#[cfg(feature = "flex")]
+#[test]
+fn flex_rotary_matches_its_reference_twin() {
+    check_rotary_vs_reference::<burn::backend::Autodiff<burn::backend::Flex>>(
+        &Default::default(),
+        9,
+    );
+}
+
 #[cfg(feature = "flex")]
 mod flex_write_positions {
     use crate::AttentionOps;

@@ -288,27 +288,18 @@ fn rotary_tables<B: Backend>(
 
 /// Rotates `x` by the angles whose cosines and sines are given ("rotate half" layout):
 /// `[x1, x2] ↦ [x1·cos − x2·sin, x2·cos + x1·sin]` with `x1, x2` the two halves of the
-/// head dimension.
+/// head dimension ([`rlany_kernels::rotary`]: one pass on Flex, the composition elsewhere).
 ///
 /// # Shapes
 /// - `x`: `[batch, heads, seq, head_dim]`
 /// - `cos`, `sin`: `[batch or 1, 1, seq, head_dim / 2]`
 /// - output: `[batch, heads, seq, head_dim]`
-fn apply_rotary<B: Backend>(
+fn apply_rotary<B: AttentionOps>(
     x: Tensor<B, 4>,
     cos: &Tensor<B, 4>,
     sin: &Tensor<B, 4>,
 ) -> Tensor<B, 4> {
-    let half = x.dims()[3] / 2;
-    let x1 = x.clone().narrow(3, 0, half);
-    let x2 = x.narrow(3, half, half);
-    Tensor::cat(
-        vec![
-            x1.clone() * cos.clone() - x2.clone() * sin.clone(),
-            x2 * cos.clone() + x1 * sin.clone(),
-        ],
-        3,
-    )
+    rlany_kernels::rotary(x, cos, sin)
 }
 
 /// `layer` (plus its LoRA adapter, if any) applied as one matrix product over all rows:

@@ -11,6 +11,12 @@
 #   batch-shared   the same, llama.cpp reading the common prompt once and sharing its cache
 #                  cells with every row (`llama_memory_seq_cp`). rlany reads a prefix common
 #                  to fresh rows once in both, so this is the like-for-like batch row.
+#   ppo-update     rlany only: `rlany bench --models --only T_smollm2_lora`, the PPO update of
+#                  the SmolLM2 LoRA file (8 rows of 128 tokens; GFLOP/s of its dense products)
+#
+# rlany uses T threads on a batch as a run with `shards: T` does: the rows in T groups, each
+# on its own thread (`generate --shards`, `bench --shards`); SHARDS=1 keeps one group (the
+# products' own threads only; also for binaries older than --shards).
 #
 # Usage: reports/perf/llama_cpp.sh [RLANY_BINARY]       (default target/release/rlany)
 # Environment:
@@ -23,6 +29,8 @@
 #                   -DGGML_AVX512=OFF" python3 -m pip install llama-cpp-python
 #   BACKEND       rlany's backend (default ndarray; flex needs a build with --features flex)
 #   THREADS       thread counts to compare (default "1 2")
+#   SHARDS        row groups on a batch: "threads" (default: one per thread) or a number
+#   PPO_REPS      timed PPO updates per thread count (default 3; 0 skips the ppo-update row)
 #   TOKENS ROWS BATCH_TOKENS   (default 64, 32, 32)
 #   OUT           output folder (default reports/perf/llama_cpp): results.jsonl, table.md
 set -euo pipefail
@@ -40,6 +48,8 @@ THREADS=${THREADS:-1 2}
 TOKENS=${TOKENS:-64}
 ROWS=${ROWS:-32}
 BATCH_TOKENS=${BATCH_TOKENS:-32}
+SHARDS=${SHARDS:-threads}
+PPO_REPS=${PPO_REPS:-3}
 OUT=${OUT:-reports/perf/llama_cpp}
 MESSAGE="Write a short story about a robot who learns to paint."
 
@@ -60,18 +70,28 @@ a = s.index("--- prompt ---\n") + len("--- prompt ---\n")
 open(sys.argv[2], "w", encoding="utf-8").write(s[a:s.index("--- end of prompt ---", a)])
 EOF
 
+shards_for() { # threads rows
+    local s=$SHARDS
+    [ "$s" = threads ] && s=$1
+    if [ "$2" -gt 1 ] && [ "$s" -gt 1 ]; then echo "$s"; else echo 1; fi
+}
+
 # One rlany measurement as a JSON line (its own stderr summary, parsed).
 ours() { # threads rows tokens
-    local t=$1 rows=$2 n=$3
+    local t=$1 rows=$2 n=$3 shards
+    shards=$(shards_for "$t" "$rows")
+    local flag=()
+    [ "$shards" -gt 1 ] && flag=(--shards "$shards")
     RAYON_NUM_THREADS=$t MATMUL_NUM_THREADS=$t "$BIN" generate "$MODEL" --prompt "$MESSAGE" \
-        --max-tokens "$n" --ignore-eos --batch "$rows" --backend "$BACKEND" 2>"$TMP/err" >/dev/null
-    "$PY" - "$TMP/err" "$t" "$rows" "$n" "$BACKEND" <<'EOF'
+        --max-tokens "$n" --ignore-eos --batch "$rows" --backend "$BACKEND" "${flag[@]}" \
+        2>"$TMP/err" >/dev/null
+    "$PY" - "$TMP/err" "$t" "$rows" "$n" "$BACKEND" "$shards" <<'EOF'
 import json, re, sys
 s = open(sys.argv[1], encoding="utf-8").read()
 m = re.search(r"prompt (\d+) tokens, (?:\d+ rows, )?reply (\d+) tokens in ([\d.]+) s \(([\d.]+) tokens/s\).*peak memory (\d+) MiB", s)
 if not m:
     sys.exit("could not read rlany's summary:\n" + s)
-print(json.dumps({"engine": "rlany", "backend": sys.argv[5], "threads": int(sys.argv[2]), "rows": int(sys.argv[3]),
+print(json.dumps({"engine": "rlany", "backend": sys.argv[5], "threads": int(sys.argv[2]), "rows": int(sys.argv[3]), "shards": int(sys.argv[6]),
                   "prompt_tokens": int(m[1]), "tokens_per_row": int(sys.argv[4]),
                   "seconds": float(m[3]), "tokens_per_s": float(m[4]), "peak_mib": int(m[5])}))
 EOF
@@ -93,6 +113,20 @@ for t in $THREADS; do
     echo "threads $t, batch-shared ($ROWS x $BATCH_TOKENS tokens, llama.cpp only)" >&2
     theirs "$t" "$ROWS" "$BATCH_TOKENS" --share-prompt \
         | sed "s/^{/{\"workload\": \"batch-shared\", /" >>"$OUT/results.jsonl"
+    if [ "$PPO_REPS" -gt 0 ]; then
+        shards=$(shards_for "$t" 8)
+        echo "threads $t, ppo-update (T_smollm2_lora, $shards shard(s), rlany only)" >&2
+        RAYON_NUM_THREADS=$t MATMUL_NUM_THREADS=$t "$BIN" bench --models --quick \
+            --only T_smollm2_lora --backend "$BACKEND" --reps "$PPO_REPS" --shards "$shards" \
+            --json "$TMP/ppo.json" >/dev/null
+        "$PY" - "$TMP/ppo.json" "$t" "$shards" "$BACKEND" >>"$OUT/results.jsonl" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))["results"][0]
+print(json.dumps({"workload": "ppo-update", "engine": "rlany", "backend": sys.argv[4], "threads": int(sys.argv[2]),
+                  "shards": int(sys.argv[3]), "rows": 8, "tokens_per_row": 128, "seconds": r["median_ms"] / 1e3,
+                  "tokens_per_s": r["tokens_per_s"], "gflop_per_s": r["gflop_per_s"]}))
+EOF
+    fi
 done
 
 "$PY" - "$OUT/results.jsonl" "$OUT/table.md" "$(uname -m) $(nproc) cores" <<'EOF'
@@ -109,6 +143,15 @@ for k in sorted(ref):
         continue
     out.append(f"| {o.get('backend', 'ndarray')} | {k[0]} | {k[1]} ({o['rows']} × {o['tokens_per_row']}) | {o['tokens_per_s']:.1f} | "
                f"{r['tokens_per_s']:.1f} | {o['tokens_per_s'] / r['tokens_per_s']:.2f}× |")
+# Each rlany workload at every thread count against its fewest threads: the second core's gain.
+scale = ["", "| workload | threads | shards | rlany tokens/s | against its fewest threads | GFLOP/s |", "|---|---|---|---|---|---|"]
+runs = [r for r in rows if r["engine"] == "rlany"]
+for r in sorted(runs, key=lambda r: (r["workload"], r["threads"])):
+    base = min((b for b in runs if b["workload"] == r["workload"]), key=lambda b: b["threads"])
+    g = f"{r['gflop_per_s']:.1f}" if r.get("gflop_per_s") is not None else "-"
+    scale.append(f"| {r['workload']} | {r['threads']} | {r.get('shards', 1)} | {r['tokens_per_s']:.1f} | "
+                 f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}× | {g} |")
+out += scale
 open(sys.argv[2], "w").write(f"Machine: {sys.argv[3]}; prompt {rows[0]['prompt_tokens']} tokens.\n\n" + "\n".join(out) + "\n")
 print("\n".join(out))
 EOF

@@ -1825,6 +1825,21 @@ fn bench_models_writes_json_the_report_compares() {
     let md = fs::read_to_string(out.join("report.md")).expect("report");
     assert!(md.contains("| C_tiny_R@quick |"), "{md}");
     assert!(out.join("figures").join("bench.png").exists());
+    // A PPO step in two row groups on two threads (`--shards 2`): timed, rated in GFLOP/s
+    // and recorded with its shards.
+    let args = [
+        "bench", "--models", "--quick", "--only", "C_tiny_T", "--reps", "1", "--shards", "2",
+        "--json", &json_s,
+    ];
+    assert_eq!(rlany(&args), 0);
+    let v: Value = serde_json::from_str(&fs::read_to_string(&json).expect("json")).expect("parse");
+    let r = &v["results"][0];
+    assert_eq!(
+        (r["name"].as_str(), r["shards"].as_u64()),
+        (Some("C_tiny_T"), Some(2))
+    );
+    assert!(r["median_ms"].as_f64().expect("timed") > 0.0);
+    assert!(r["gflop_per_s"].as_f64().expect("a train row's rate") > 0.0);
     // Nothing asked, or two dtypes for the models: usage errors.
     assert_eq!(rlany(&["bench"]), 2);
     assert_eq!(rlany(&["bench", "--models", "--dtype", "f32,bf16"]), 2);
