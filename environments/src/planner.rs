@@ -532,6 +532,72 @@ pub(crate) mod testing {
         }
     }
 
+    /// The tests every planner environment runs, written once: the expert solves every sampled
+    /// task with every step progress; the flawed expert's success per level passes
+    /// `flawed(&accs)`; tasks are pure functions of difficulty, split and seed (out-of-range
+    /// coordinates clamped, missing ones 0); every dimension is structurally monotone under
+    /// `counts`; no prompt is over `max_prompt` characters. `env` builds the environment (an
+    /// expression evaluated in each test); the environment's own tests stay in its module.
+    macro_rules! planner_env_tests {
+        (
+            env: $env:expr,
+            levels: $levels:expr,
+            flawed: $flawed:expr,
+            counts: $counts:expr,
+            max_prompt: $max_prompt:expr $(,)?
+        ) => {
+            #[test]
+            fn the_expert_solves_every_sampled_task_with_every_step_progress() {
+                let env = $env;
+                $crate::planner::testing::assert_expert_solves_with_progress(|d, split, seed| {
+                    env.sample_episode(d, split, seed)
+                });
+            }
+
+            #[test]
+            fn the_flawed_expert_is_mid_range() {
+                let env = $env;
+                let sample = |d: &[f64], split, seed| env.sample_episode(d, split, seed);
+                let accs = $crate::planner::testing::flawed_expert_success(&env, sample, &$levels);
+                let check = $flawed;
+                check(&accs);
+            }
+
+            #[test]
+            fn tasks_are_pure_functions_of_difficulty_split_and_seed() {
+                use rlany_framework::Split;
+                let env = $env;
+                for seed in 0..200 {
+                    let d = [0.3, 0.9, 0.6, 0.1];
+                    for split in [Split::Train, Split::Eval, Split::Ood] {
+                        assert_eq!(env.draw(&d, split, seed), env.draw(&d, split, seed));
+                    }
+                }
+                assert_eq!(
+                    env.draw(&[f64::NAN, 2.0, -1.0], Split::Train, 3),
+                    env.draw(&[0.0, 1.0, 0.0, 0.0], Split::Train, 3)
+                );
+            }
+
+            #[test]
+            fn every_dimension_is_structurally_monotone() {
+                let env = $env;
+                let draw = |d: &[f64], seed| env.draw(d, rlany_framework::Split::Train, seed);
+                $crate::planner::testing::assert_structurally_monotone(draw, $counts);
+            }
+
+            #[test]
+            fn prompts_are_bounded() {
+                let env = $env;
+                $crate::planner::testing::assert_prompts_bounded(
+                    |d, split, seed| env.sample_episode(d, split, seed),
+                    $max_prompt,
+                );
+            }
+        };
+    }
+    pub(crate) use planner_env_tests;
+
     /// Property shared by the planner environments' task draws (a test helper): raising one of the
     /// four difficulty coordinates by 0.1 never lowers its structural count and leaves the
     /// other three counts alone, and it moves its own count often enough (1500 draws).

@@ -137,38 +137,6 @@ fn a_task_at_the_easiest_level_plays_as_documented() {
 }
 
 #[test]
-fn the_expert_solves_every_sampled_task_with_every_step_progress() {
-    let env = Desktop::default();
-    testing::assert_expert_solves_with_progress(|d, split, seed| {
-        env.sample_episode(d, split, seed)
-    });
-}
-
-#[test]
-fn the_flawed_expert_is_mid_range_and_worse_when_harder() {
-    let env = Desktop::default();
-    let sample = |d: &[f64], split, seed| env.sample_episode(d, split, seed);
-    let accs = testing::flawed_expert_success(&env, sample, &LEVELS);
-    assert!(accs.iter().all(|a| (0.2..=0.65).contains(a)), "{accs:?}");
-    assert!(accs[4] < accs[0], "{accs:?}");
-}
-
-#[test]
-fn tasks_are_pure_functions_of_difficulty_split_and_seed() {
-    let env = Desktop::default();
-    for seed in 0..200 {
-        let d = [0.3, 0.9, 0.6, 0.1];
-        for split in [Split::Train, Split::Eval, Split::Ood] {
-            assert_eq!(env.draw(&d, split, seed), env.draw(&d, split, seed));
-        }
-    }
-    assert_eq!(
-        env.draw(&[f64::NAN, 2.0, -1.0], Split::Train, 3),
-        env.draw(&[0.0, 1.0, 0.0, 0.0], Split::Train, 3)
-    );
-}
-
-#[test]
 fn real_elements_have_the_same_id_in_every_task() {
     // At level 0 there are no distractors and no submenus: every element is a real one.
     let env = Desktop::default();
@@ -199,6 +167,17 @@ fn real_elements_have_the_same_id_in_every_task() {
         }
     }
 }
+
+testing::planner_env_tests!(
+    env: Desktop::default(),
+    levels: LEVELS,
+    flawed: |accs: &[f64]| {
+        assert!(accs.iter().all(|a| (0.2..=0.65).contains(a)), "{accs:?}");
+        assert!(accs[4] < accs[0], "worse when harder: {accs:?}");
+    },
+    counts: counts,
+    max_prompt: MAX_PROMPT_CHARS,
+);
 
 /// The structural counts each dimension controls.
 fn counts(t: &Task) -> [usize; 4] {
@@ -231,12 +210,6 @@ fn counts(t: &Task) -> [usize; 4] {
         Hint::None => 2,
     };
     [deep, subgoals, distractors, hints]
-}
-
-#[test]
-fn every_dimension_is_structurally_monotone() {
-    let env = Desktop::default();
-    testing::assert_structurally_monotone(|d, seed| env.draw(d, Split::Train, seed), counts);
 }
 
 #[test]
@@ -360,15 +333,6 @@ fn settings_are_validated() {
         .is_err()
     );
     assert!(matches!(settings_table()[0].1, Control::Drop(_)));
-}
-
-#[test]
-fn prompts_are_bounded() {
-    let env = Desktop::default();
-    testing::assert_prompts_bounded(
-        |d, split, seed| env.sample_episode(d, split, seed),
-        MAX_PROMPT_CHARS,
-    );
 }
 
 /// `slack` sets the horizon with the tasks and the demonstrations fixed.
