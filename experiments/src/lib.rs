@@ -805,6 +805,9 @@ pub fn meta_json(exp: &Experiment, seed: u64, file: &Path) -> serde_json::Value 
         "seed": seed,
         "backend": format!("{:?}", exp.backend),
         "git_sha": git_sha,
+        // The commit the binary was built from (its build script's HEAD): differs from
+        // `git_sha` when a binary is run on a checkout that has moved on.
+        "binary_commit": env!("RLANY_BUILD_COMMIT"),
         "cargo_lock_sha256": rlany_framework::digest::content_key(include_bytes!("../../Cargo.lock")),
         "start_unix_s": now,
         "start_utc": utc(now),

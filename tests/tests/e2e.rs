@@ -159,6 +159,14 @@ fn same_seed_gives_identical_metrics_and_the_policy_is_updated() {
     ] {
         assert!(ra.join(f).exists(), "missing {f}");
     }
+    // meta.json names the commit the binary was built from: this test's build, of HEAD.
+    let meta = fs::read_to_string(ra.join("meta.json")).expect("meta.json");
+    let meta: Value = serde_json::from_str(&meta).expect("meta.json is JSON");
+    let built = meta["binary_commit"].as_str().expect("binary_commit");
+    assert!(
+        built == "unknown" || (built.len() == 40 && meta["git_sha"] == built),
+        "{meta}"
+    );
     // A different seed gives a different run.
     let c = scratch("det-c");
     let file = write(&c, "tiny.ron", TINY);
