@@ -18,9 +18,13 @@ fn main() {
     // Run again when HEAD moves (a commit, a checkout); nothing else changes the answer.
     match git(&["rev-parse", "--absolute-git-dir"]) {
         Some(dir) => {
-            println!("cargo:rerun-if-changed={dir}/HEAD");
-            println!("cargo:rerun-if-changed={dir}/refs");
-            println!("cargo:rerun-if-changed={dir}/packed-refs");
+            // Only paths that exist: cargo reruns a script whose watched path is missing.
+            for name in ["HEAD", "refs", "packed-refs"] {
+                let path = std::path::Path::new(&dir).join(name);
+                if path.exists() {
+                    println!("cargo:rerun-if-changed={}", path.display());
+                }
+            }
         }
         None => println!("cargo:rerun-if-changed=build.rs"),
     }
