@@ -104,23 +104,19 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Sum<'_> {
     }
 }
 
-/// `f(input)` for every input, each on its own thread (a single input on this one); the
-/// results in input order. A panic in one is re-raised here.
+/// `f(input)` for every input, each as a task of the CPU backends' thread pool (rayon's global
+/// pool: one thread per core, or `RAYON_NUM_THREADS`); a single input runs on this thread. The
+/// results in input order; a panic in one is re-raised here. In the pool, a shard's own
+/// parallel matrix products share its threads with the other shards instead of adding
+/// threads of their own (two shards on two cores: two threads, not four; reports/perf/NOTES.md
+/// §9j). What each shard computes does not depend on which thread runs it.
 pub fn map<T: Send, R: Send>(inputs: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
+    use rayon::prelude::*;
     if inputs.len() <= 1 {
         return inputs.into_iter().map(f).collect();
     }
     let f = &f;
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = inputs
-            .into_iter()
-            .map(|input| scope.spawn(move || f(input)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
-    })
+    inputs.into_par_iter().with_max_len(1).map(f).collect()
 }
 
 /// [`map`] with the inputs spread over `placement`'s peers: each peer maps its share (on its
