@@ -257,7 +257,7 @@ impl AttentionOps for burn::backend::Flex {
         let dims = x.layout().shape().to_vec();
         let angle_dims = cos.layout().shape().to_vec();
         let fits = dims.len() == 4
-            && dims[3] % 2 == 0
+            && dims[3].is_multiple_of(2)
             && angle_dims.len() == 4
             && sin.layout().shape().to_vec() == angle_dims
             && (angle_dims[0] == 1 || angle_dims[0] == dims[0])
