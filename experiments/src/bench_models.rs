@@ -15,11 +15,11 @@
 //! the tiny workloads (`C_tiny_T` at its full size) — a minute on a CPU; its rows are named
 //! `…@quick` so they are never set beside full-size numbers.
 //!
-//! `T_smollm2_lora` is the CPU's PPO update of `experiments/pretrained/smollm2_arith_lora.ron`:
-//! SmolLM2-135M's shape (V 49152, d 576, 30 layers, 9/3 heads, FFN 1536, tied head, no QKV
-//! bias, RoPE θ 10⁵, RMSNorm ε 10⁻⁵, f32; weights drawn from a seed, which the time does not
-//! depend on), frozen, with the file's rank-8 adapters on `q_proj` and `v_proj`, on 8 rows of
-//! 128 tokens in one micro-batch. Train rows also report GFLOP/s: the dense products'
+//! `T_smollm2_lora` is a PPO update of the model `experiments/pretrained/smollm2_arith_lora.ron`
+//! trains: SmolLM2-135M's shape (V 49152, d 576, 30 layers, 9/3 heads, FFN 1536, tied head, no
+//! QKV bias, RoPE θ 10⁵, RMSNorm ε 10⁻⁵, f32; weights drawn from a seed, which the time does
+//! not depend on), frozen, with the file's rank-8 adapters on `q_proj` and `v_proj` — on 8
+//! random rows of 128 tokens in one pass, not the file's episodes and micro-batches. Train rows also report GFLOP/s: the dense products'
 //! arithmetic ([`Workload::train_flop`]) over the median time.
 //!
 //! Timing: one warm-up run, the device synchronised before each clock read, the median of
