@@ -23,7 +23,7 @@ use burn::tensor::activation::silu;
 use burn::tensor::{DType, FloatDType};
 use rlany_framework::ppo::in_f32;
 use rlany_framework::{CausalLm, Generation, Rng, SampleParams, select_positions};
-use rlany_kernels::{AttentionOps, grouped_attention};
+use rlany_kernels::{AttentionOps, grouped_attention, rotary};
 
 use crate::decode::{self, Contexts};
 use crate::error::ModelError;
@@ -286,22 +286,6 @@ fn rotary_tables<B: Backend>(
     )
 }
 
-/// Rotates `x` by the angles whose cosines and sines are given ("rotate half" layout):
-/// `[x1, x2] ↦ [x1·cos − x2·sin, x2·cos + x1·sin]` with `x1, x2` the two halves of the
-/// head dimension ([`rlany_kernels::rotary`]: one pass on Flex, the composition elsewhere).
-///
-/// # Shapes
-/// - `x`: `[batch, heads, seq, head_dim]`
-/// - `cos`, `sin`: `[batch or 1, 1, seq, head_dim / 2]`
-/// - output: `[batch, heads, seq, head_dim]`
-fn apply_rotary<B: AttentionOps>(
-    x: Tensor<B, 4>,
-    cos: &Tensor<B, 4>,
-    sin: &Tensor<B, 4>,
-) -> Tensor<B, 4> {
-    rlany_kernels::rotary(x, cos, sin)
-}
-
 /// `layer` (plus its LoRA adapter, if any) applied as one matrix product over all rows:
 /// Burn's `Linear` on a rank-3 input runs one small product per batch row, far slower on CPU
 /// than a single flat product.
@@ -373,8 +357,8 @@ impl<B: AttentionOps> Attention<B> {
         let v = project(&self.value, lora.and_then(|l| l.v_proj.as_ref()), x)
             .reshape([batch, seq, kv_heads, head_dim])
             .swap_dims(1, 2);
-        let q = apply_rotary(q, cos, sin);
-        let k = apply_rotary(k, cos, sin);
+        let q = rotary(q, cos, sin);
+        let k = rotary(k, cos, sin);
 
         let (k, v) = match cache {
             Some((slot, reserve)) => LayerKv::append(slot, k, v, reserve),
@@ -1318,7 +1302,7 @@ mod tests {
             TensorData::new(vec![1.0f32, 2.0, 0.0, 1.0], [1, 1, 1, 4]),
             &device,
         );
-        let got: Vec<f32> = apply_rotary(x, &cos, &sin).into_data().iter().collect();
+        let got: Vec<f32> = rotary(x, &cos, &sin).into_data().iter().collect();
         let (a, b) = (3.0f64, 0.03f64);
         let want = [
             a.cos(),
@@ -1359,8 +1343,8 @@ mod tests {
         let score = |pq: i64, pk: i64| {
             let (cq, sq) = at(pq);
             let (ck, sk) = at(pk);
-            let rq = apply_rotary(q.clone(), &cq, &sq);
-            let rk = apply_rotary(k.clone(), &ck, &sk);
+            let rq = rotary(q.clone(), &cq, &sq);
+            let rk = rotary(k.clone(), &ck, &sk);
             (rq * rk).sum().into_scalar()
         };
         let base = score(5, 2);
