@@ -44,8 +44,8 @@ pub(crate) struct BenchArgs {
     /// With --models: the reduced CPU sizes (rows named `…@quick`), about a minute on a CPU.
     #[arg(long)]
     quick: bool,
-    /// With --models: the PPO steps' rows in this many groups, each run forward and backward
-    /// on its own thread, as a run's update with `shards: n` (rollouts are one batch).
+    /// With --models: the PPO steps' rows in this many groups run forward and backward at
+    /// once, as a run's update with `shards: n` (rollouts are one batch).
     #[arg(long, default_value_t = 1)]
     shards: usize,
     /// With --models: only workloads whose name starts with one of these (e.g. R_small,T_small).
@@ -284,7 +284,7 @@ where
                 "shards": args.shards,
                 "median_ms": r.ms, "tokens": r.tokens,
                 "tokens_per_s": r.ms.map(|ms| r.tokens as f64 / (ms * 1e-3)),
-                "gflop_per_s": r.ms.zip(r.flop).map(|(ms, f)| f / (ms * 1e-3) / 1e9),
+                "gflop_per_s": r.gflop_per_s(),
                 "device_reserved_bytes": r.reserved, "error": r.error,
             })
         }));
@@ -321,8 +321,8 @@ fn print_model_table(rows: &[crate::bench_models::ModelRow]) {
                 ms,
                 r.tokens,
                 r.tokens as f64 / (ms * 1e-3),
-                r.flop
-                    .map_or("-".to_string(), |f| format!("{:.1}", f / (ms * 1e-3) / 1e9)),
+                r.gflop_per_s()
+                    .map_or("-".to_string(), |g| format!("{g:.1}")),
                 reserved
             ),
             None => println!(

@@ -19,8 +19,9 @@
 //! trains: SmolLM2-135M's shape (V 49152, d 576, 30 layers, 9/3 heads, FFN 1536, tied head, no
 //! QKV bias, RoPE θ 10⁵, RMSNorm ε 10⁻⁵, f32; weights drawn from a seed, which the time does
 //! not depend on), frozen, with the file's rank-8 adapters on `q_proj` and `v_proj` — on 8
-//! random rows of 128 tokens in one pass, not the file's episodes and micro-batches. Train rows also report GFLOP/s: the dense products'
-//! arithmetic ([`Workload::train_flop`]) over the median time.
+//! random rows of 128 tokens in one pass, not the file's episodes and micro-batches. Train
+//! rows also report GFLOP/s: the dense products' arithmetic ([`Workload::train_flop`]) over
+//! the median time.
 //!
 //! Timing: one warm-up run, the device synchronised before each clock read, the median of
 //! the repeats; `device_reserved_bytes` is what the backend's memory pools hold after the
@@ -321,6 +322,13 @@ pub(crate) struct ModelRow {
     pub error: Option<String>,
 }
 
+impl ModelRow {
+    /// The dense products' rate: FLOPs over the median time (train rows that were timed).
+    pub(crate) fn gflop_per_s(&self) -> Option<f64> {
+        self.ms.zip(self.flop).map(|(ms, f)| f / (ms * 1e-3) / 1e9)
+    }
+}
+
 /// Runs the model workloads on backend `B` and returns their rows.
 pub(crate) fn run<B>(
     device: &B::Device,
@@ -440,7 +448,7 @@ fn rollout<B: AttentionOps>(
 }
 
 /// Median ms of `reps` PPO steps (one warm-up first), the rows split into `shards` groups
-/// run forward and backward on their own threads and their gradients summed, as a run's
+/// run forward and backward at once and their gradients summed, as a run's
 /// update does with `shards: n` (`rlany_framework::shard::grads`; 1: one batch).
 fn train<B>(
     device: &B::Device,

@@ -57,7 +57,7 @@ pub struct GenerateArgs {
     /// tokens (for timing against another engine on equal work).
     #[arg(long)]
     pub ignore_eos: bool,
-    /// With --batch: decode the rows in this many groups, each on its own thread, as a run's
+    /// With --batch: decode the rows in this many groups at once, as a run's
     /// rollout does with `shards: n` (each group from its own sampling stream, drawn from
     /// --seed; greedy replies do not depend on it).
     #[arg(long, default_value_t = 1)]
