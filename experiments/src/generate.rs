@@ -11,7 +11,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use rlany_framework::{CausalLm, Rng, SampleParams, Tokenizer, shard};
 use rlany_kernels::AttentionOps;
-use rlany_models::{Role, load_pretrained};
+use rlany_models::{Role, load_pretrained, packed_weights};
 
 use crate::UsageError;
 use crate::pretrained::missing_model_hint;
@@ -62,6 +62,12 @@ pub struct GenerateArgs {
     /// --seed; greedy replies do not depend on it).
     #[arg(long, default_value_t = 1)]
     pub shards: usize,
+    /// Decode with the dense f32 weights only. By default a GGUF file's quantized
+    /// projections (`Q4_1`, `Q8_0`) are also kept as its blocks, and steps of at most four
+    /// rows multiply by them on a CPU backend (rlany_models::packed: ≈ 1/5 of the memory
+    /// traffic per token; the same weights, summed in another order).
+    #[arg(long)]
+    pub dense: bool,
 }
 
 /// Peak resident memory of this process so far, in MiB (Linux; `None` elsewhere).
@@ -102,8 +108,14 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
 /// `rlany generate` on backend `B`.
 fn generate_on<B: AttentionOps>(args: &GenerateArgs, device: &B::Device) -> Result<()> {
     let started = Instant::now();
-    let p = load_pretrained::<B>(&args.model, Some(args.max_seq_len), device)
+    let mut p = load_pretrained::<B>(&args.model, Some(args.max_seq_len), device)
         .with_context(|| format!("loading {}", args.model.display()))?;
+    if !args.dense
+        && let Some(packed) = packed_weights(&args.model, p.model.config())
+            .with_context(|| format!("reading the blocks of {}", args.model.display()))?
+    {
+        p.model = p.model.with_packed(packed)?;
+    }
     let load_s = started.elapsed().as_secs_f64();
     let mut messages = Vec::new();
     if let Some(system) = &args.system {
@@ -149,8 +161,13 @@ fn generate_on<B: AttentionOps>(args: &GenerateArgs, device: &B::Device) -> Resu
             (p.model.clone(), r.len(), seed)
         })
         .collect();
-    let rows: Vec<_> = shard::map(groups, |(model, rows, seed)| {
-        model.generate(&vec![ids.clone(); rows], &params, &mut Rng::new(seed))
+    // On a thread of rayon's pool, so that a product split over the pool's threads runs on
+    // this one too rather than waking two others and waiting (a single stream at two
+    // threads: 75–80 → 96–107 tokens/s with packed weights, Zen 4).
+    let rows: Vec<_> = rayon::scope(|_| {
+        shard::map(groups, |(model, rows, seed)| {
+            model.generate(&vec![ids.clone(); rows], &params, &mut Rng::new(seed))
+        })
     })
     .into_iter()
     .flatten()
@@ -166,7 +183,7 @@ fn generate_on<B: AttentionOps>(args: &GenerateArgs, device: &B::Device) -> Resu
     let config = p.model.config();
     eprintln!(
         "[{}: {} layers, d_model {}, vocab {}] loaded in {load_s:.1} s; prompt {} tokens, \
-         {}reply {} tokens in {gen_s:.1} s ({:.1} tokens/s){}; peak memory {}",
+         {}reply {} tokens in {gen_s:.1} s ({:.1} tokens/s){}; {} weights; peak memory {}",
         args.model.display(),
         config.n_layers,
         config.d_model,
@@ -183,6 +200,11 @@ fn generate_on<B: AttentionOps>(args: &GenerateArgs, device: &B::Device) -> Resu
             ""
         } else {
             ", stopped at --max-tokens"
+        },
+        if p.model.has_packed() {
+            "packed"
+        } else {
+            "dense"
         },
         peak_rss_mib().map_or_else(|| "unknown".to_string(), |m| format!("{m:.0} MiB")),
     );

@@ -215,8 +215,8 @@ fn a_backend_not_compiled_in_is_refused_with_its_feature() {
 
 /// `rlany generate --batch N --ignore-eos` decodes N rows of exactly `--max-tokens` tokens
 /// each (the throughput measurement of reports/perf/llama_cpp.sh) and says so, in row groups
-/// on their own threads with `--shards` (the same greedy reply); `--batch 0` and `--shards 0`
-/// are usage errors.
+/// on their own threads with `--shards` (the same greedy reply), on the file's quantized blocks
+/// unless `--dense`; `--batch 0` and `--shards 0` are usage errors.
 #[test]
 fn generate_decodes_a_batch_of_fixed_length_rows() {
     let _cpu = shared_cpu();
@@ -256,6 +256,12 @@ fn generate_decodes_a_batch_of_fixed_length_rows() {
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("3 rows, reply 15 tokens"), "{err}");
     assert_eq!(sharded, reply, "greedy rows do not depend on their group");
+    // The fixture's Q4_1/Q8_0 projections are kept as blocks (rows of 3 and fewer read them);
+    // `--dense` keeps the f32 weights only.
+    assert!(err.contains("; packed weights;"), "{err}");
+    let (code, err, _) = run(&["--max-tokens", "3", "--dense"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("; dense weights;"), "{err}");
     for (flag, message) in [
         ("--batch", "--batch must be at least 1"),
         ("--shards", "--shards must be at least 1"),

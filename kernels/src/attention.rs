@@ -116,6 +116,18 @@ pub trait AttentionOps: Backend {
             float(sin),
         ))
     }
+    /// `x · wᵀ` with `w` in quantized blocks ([`crate::packed`]), or `None` where this
+    /// backend has no such product (the caller then multiplies by the dense weights, the
+    /// reference twin). CPU backends compute it on the host ([`crate::packed_matmul_host`]);
+    /// the GPU backends and `Autodiff<B>` (no backward: the weights are frozen, and the
+    /// input's gradient goes through the dense product) return `None`.
+    ///
+    /// # Shapes
+    /// - `x`: `[m, w.cols()]`, `m ≤ PACKED_MAX_ROWS`
+    /// - output: `[m, w.rows()]`
+    fn packed_matmul(_x: FloatTensor<Self>, _w: &crate::PackedMatrix) -> Option<FloatTensor<Self>> {
+        None
+    }
 }
 
 /// [`AttentionOps::write_positions`] as a `slice_assign`: the default, and the fallback of an

@@ -15,6 +15,9 @@
 //! - [`mod@attention`]: [`AttentionOps`], the transformer's grouped-query attention as a
 //!   backend extension whose autodiff backward recomputes the probabilities instead of keeping
 //!   them ([`reference_grouped_attention`] is its twin).
+//! - [`mod@packed`]: products with weights kept in llama.cpp's quantized blocks
+//!   ([`PackedMatrix`]), for decoding a few rows on the CPU; the dense product of the same
+//!   weights is the twin.
 
 pub mod attention;
 mod autodiff;
@@ -24,12 +27,14 @@ pub mod fused;
 #[cfg(feature = "fusion")]
 mod fusion;
 mod ops;
+pub mod packed;
 pub mod reference;
 pub mod rotary;
 
 pub use attention::{AttentionOps, grouped_attention, reference_grouped_attention};
 pub use fused::KernelChoice;
 pub use ops::{AutodiffLogProbOps, KlStats, LogProbOps};
+pub use packed::{BlockFormat, PACKED_MAX_ROWS, PackedError, PackedMatrix, packed_matmul};
 pub use reference::{kl_full, token_logprobs};
 pub use rotary::{reference_rotary, rotary};
 

@@ -193,6 +193,10 @@ where
     burn::backend::ndarray::NdArrayTensor: From<burn::backend::ndarray::SharedArray<E>>,
     burn::backend::ndarray::NdArrayTensor: From<burn::backend::ndarray::SharedArray<I>>,
 {
+    /// On the host ([`crate::packed`]).
+    fn packed_matmul(x: FloatTensor<Self>, w: &crate::PackedMatrix) -> Option<FloatTensor<Self>> {
+        crate::packed::packed_matmul_via_host::<Self>(x, w)
+    }
 }
 
 /// Flex (Burn's newer CPU backend, feature `flex`): the default composition too.
@@ -245,6 +249,13 @@ impl AttentionOps for burn::backend::Flex {
             to[offset..offset + run].copy_from_slice(chunk);
         }
         buffer
+    }
+    /// On the host ([`crate::packed`]).
+    fn packed_matmul(
+        x: burn_flex::FlexTensor,
+        w: &crate::PackedMatrix,
+    ) -> Option<burn_flex::FlexTensor> {
+        crate::packed::packed_matmul_via_host::<Self>(x, w)
     }
     /// One pass over contiguous f32 copies of the inputs ([`crate::rotary`]; the composition
     /// runs seven of Flex's strided passes); other dtypes and shapes take the composition.

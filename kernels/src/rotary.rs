@@ -60,6 +60,7 @@ pub fn rotary<B: AttentionOps>(
 /// with `angle_rows` 1 (shared by every row) or `batch`. Each output element is computed as
 /// the reference rounds it (two products, then one sum), so the results are bit for bit the
 /// composition's.
+#[cfg_attr(not(feature = "flex"), allow(dead_code))] // Flex's override is its one caller
 pub(crate) fn rotary_host(
     x: &[f32],
     cos: &[f32],

@@ -27,7 +27,7 @@
 //! half"), so [`GgufFile::weights`] puts the rows back: Hugging Face row `j·head_dim/2 + i`
 //! of a head is GGUF row `2i + j`. `qwen2` files are not reordered by the converter.
 
-use rlany_kernels::AttentionOps;
+use rlany_kernels::{AttentionOps, BlockFormat, PackedMatrix};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufReader, Read, Seek, SeekFrom};
@@ -35,6 +35,7 @@ use std::path::{Path, PathBuf};
 
 use crate::bpe::{BpeSpec, BpeTokenizer, PreTokenizer};
 use crate::error::ModelError;
+use crate::packed::PackedWeights;
 use crate::transformer::{Transformer, TransformerConfig};
 use crate::weights::{HfWeights, HostTensor, transformer_from_hf};
 
@@ -421,6 +422,14 @@ impl GgufFile {
 
     /// The tensor's values, dequantized to f32, row-major in [`GgufTensorInfo::shape`].
     pub fn read_tensor(&self, t: &GgufTensorInfo) -> Result<HostTensor, ModelError> {
+        Ok(HostTensor {
+            shape: t.shape(),
+            data: dequantize(t.ty, &self.read_raw(t)?),
+        })
+    }
+
+    /// The tensor's bytes as stored (whole blocks of its type).
+    fn read_raw(&self, t: &GgufTensorInfo) -> Result<Vec<u8>, ModelError> {
         let len = self.byte_len(t)?.ok_or_else(|| {
             self.err(format!(
                 "tensor {} is {}, which this reader cannot dequantize (it reads F32, F16, \
@@ -435,10 +444,7 @@ impl GgufFile {
         let mut raw = vec![0u8; len as usize];
         file.read_exact(&mut raw)
             .map_err(|e| self.err(format!("tensor {}: {e}", t.name)))?;
-        Ok(HostTensor {
-            shape: t.shape(),
-            data: dequantize(t.ty, &raw),
-        })
+        Ok(raw)
     }
 
     /// The architecture in `general.architecture` (`llama` or `qwen2` are read).
@@ -548,6 +554,39 @@ impl GgufFile {
                 }
             }
             out.insert(name, host);
+        }
+        Ok(out)
+    }
+
+    /// The file's `Q4_1` and `Q8_0` projections and LM head (or tied embedding) as stored,
+    /// for [`Transformer::with_packed`] on the model [`GgufFile::transformer`] builds: the
+    /// same rows in the same order (llama's Q/K rows put back as in
+    /// [`GgufFile::weights`]), so the blocks hold exactly that model's weights. Tensors of
+    /// other types are left out (their products stay dense).
+    pub fn packed(&self, config: &TransformerConfig) -> Result<PackedWeights, ModelError> {
+        let permuted = self.architecture()? == "llama";
+        let head_dim = config.head_dim();
+        let mut out = PackedWeights::new(config.n_layers);
+        for t in &self.tensors {
+            let format = match t.ty {
+                GgmlType::Q4_1 => BlockFormat::Q4_1,
+                GgmlType::Q8_0 => BlockFormat::Q8_0,
+                _ => continue,
+            };
+            let shape = t.shape();
+            let (Some(name), &[rows, cols]) = (hf_name(&t.name), &shape[..]) else {
+                continue;
+            };
+            let mut raw = self.read_raw(t)?;
+            let row_bytes = cols / 32 * format.ggml_bytes();
+            if permuted && t.name.ends_with("attn_q.weight") {
+                raw = unpermute(&raw, row_bytes, config.n_heads, head_dim);
+            } else if permuted && t.name.ends_with("attn_k.weight") {
+                raw = unpermute(&raw, row_bytes, config.n_kv_heads, head_dim);
+            }
+            let matrix = PackedMatrix::from_ggml(format, rows, cols, &raw)
+                .map_err(|e| self.err(format!("tensor {}: {e}", t.name)))?;
+            out.place(&name, matrix, config.tie_embeddings);
         }
         Ok(out)
     }
@@ -674,21 +713,32 @@ fn hf_name(gguf: &str) -> Option<String> {
 /// - `t`: `[heads · head_dim, d_in]`; output: the same
 fn unpermute_rows(t: HostTensor, heads: usize, head_dim: usize) -> HostTensor {
     let cols: usize = t.shape.iter().skip(1).product();
+    HostTensor {
+        data: unpermute(&t.data, cols, heads, head_dim),
+        shape: t.shape,
+    }
+}
+
+/// [`unpermute_rows`] on rows of `row_len` elements of any kind (f32 values, or a row's
+/// quantized blocks as bytes).
+fn unpermute<T: Copy + Default>(
+    data: &[T],
+    row_len: usize,
+    heads: usize,
+    head_dim: usize,
+) -> Vec<T> {
     let half = head_dim / 2;
-    let mut data = vec![0.0f32; t.data.len()];
+    let mut out = vec![T::default(); data.len()];
     for h in 0..heads {
         for i in 0..half {
             for j in 0..2 {
-                let src = (h * head_dim + 2 * i + j) * cols;
-                let dst = (h * head_dim + j * half + i) * cols;
-                data[dst..dst + cols].copy_from_slice(&t.data[src..src + cols]);
+                let src = (h * head_dim + 2 * i + j) * row_len;
+                let dst = (h * head_dim + j * half + i) * row_len;
+                out[dst..dst + row_len].copy_from_slice(&data[src..src + row_len]);
             }
         }
     }
-    HostTensor {
-        shape: t.shape,
-        data,
-    }
+    out
 }
 
 /// IEEE half to f32 (exact: every half is an f32), by the `half` crate.

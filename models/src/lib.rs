@@ -17,6 +17,7 @@ pub mod gguf;
 mod hf;
 mod kv_cache;
 pub mod lora;
+pub mod packed;
 mod pretrained;
 mod tokenizer;
 mod transformer;
@@ -27,7 +28,10 @@ pub use decode::Contexts;
 pub use error::ModelError;
 pub use hf::{HfArch, load_hf_dir, read_hf_config, save_hf_dir};
 pub use kv_cache::KvCache;
-pub use pretrained::{ChatTemplate, Pretrained, Role, is_pretrained_source, load_pretrained};
+pub use packed::PackedWeights;
+pub use pretrained::{
+    ChatTemplate, Pretrained, Role, is_pretrained_source, load_pretrained, packed_weights,
+};
 pub use tokenizer::CharTokenizer;
 pub use transformer::{Transformer, TransformerConfig};
 pub use weights::{HfWeights, HostTensor, transformer_from_hf, transformer_to_hf};

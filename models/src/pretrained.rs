@@ -138,6 +138,20 @@ pub fn is_pretrained_source(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == "gguf") || path.join("config.json").is_file()
 }
 
+/// The quantized blocks of a GGUF source's projections for [`Transformer::with_packed`] on
+/// the model [`load_pretrained`] built from it with `config` ([`crate::packed`]); `None` for
+/// a Hugging Face directory (dense weights) or a file with no `Q4_1`/`Q8_0` projection.
+pub fn packed_weights(
+    path: &Path,
+    config: &crate::TransformerConfig,
+) -> Result<Option<crate::PackedWeights>, ModelError> {
+    if path.is_dir() {
+        return Ok(None);
+    }
+    let packed = GgufFile::open(path)?.packed(config)?;
+    Ok((!packed.is_empty()).then_some(packed))
+}
+
 /// Loads a GGUF file or a Hugging Face directory (see the module docs). `max_seq_len` caps
 /// the context the source declares (the rotary tables and KV caches are sized by it).
 pub fn load_pretrained<B: AttentionOps>(

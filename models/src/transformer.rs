@@ -14,6 +14,7 @@
 //! [`CausalLm`]) and [`KvCache`].
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use burn::module::{Initializer, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
@@ -23,13 +24,14 @@ use burn::tensor::activation::silu;
 use burn::tensor::{DType, FloatDType};
 use rlany_framework::ppo::in_f32;
 use rlany_framework::{CausalLm, Generation, Rng, SampleParams, select_positions};
-use rlany_kernels::{AttentionOps, grouped_attention, rotary};
+use rlany_kernels::{AttentionOps, PackedMatrix, grouped_attention, packed_matmul, rotary};
 
 use crate::decode::{self, Contexts};
 use crate::error::ModelError;
 pub(crate) use crate::kv_cache::KvCache;
 use crate::kv_cache::LayerKv;
 use crate::lora::{BlockLora, LoraAdapter};
+use crate::packed::{LayerPacked, PROJECTIONS, PackedWeights};
 use rlany_framework::experiment::LoraSpec;
 
 /// Additive attention bias of a masked-out key. Finite (not `-inf`) so that a query whose
@@ -212,6 +214,7 @@ impl TransformerConfig {
             rope_cos,
             rope_sin,
             config: self.clone(),
+            packed: None,
         })
     }
 }
@@ -286,29 +289,57 @@ fn rotary_tables<B: Backend>(
     )
 }
 
-/// `layer` (plus its LoRA adapter, if any) applied as one matrix product over all rows:
+/// `layer` (plus its LoRA adapter, if any) applied as one matrix product over all rows, by
+/// its packed blocks where the model carries them and the product is a few rows
+/// ([`crate::packed`]):
 /// Burn's `Linear` on a rank-3 input runs one small product per batch row, far slower on CPU
 /// than a single flat product.
 ///
 /// # Shapes
 /// - `x`: `[batch, seq, d_input]`
 /// - output: `[batch, seq, d_output]`
-fn project<B: Backend>(
+fn project<B: AttentionOps>(
     layer: &Linear<B>,
     adapter: Option<&LoraAdapter<B>>,
+    packed: Option<&PackedMatrix>,
     x: Tensor<B, 3>,
 ) -> Tensor<B, 3> {
     let [batch, seq, d_input] = x.dims();
     // [batch * seq, d_input]
     let flat = x.reshape([batch * seq, d_input]);
-    // [batch * seq, d_output]
+    // [batch * seq, d_output]: the base product on the packed blocks where they serve (a few
+    // rows, a CPU backend, no autodiff), the dense weights otherwise.
+    let base = packed
+        .and_then(|w| packed_matmul(&flat, w))
+        .unwrap_or_else(|| layer.forward(flat.clone()));
     let y = match adapter {
-        Some(a) => layer.forward(flat.clone()) + a.forward(flat),
-        None => layer.forward(flat),
+        Some(a) => base + a.forward(flat),
+        None => base,
     };
     let d_output = y.dims()[1];
     // [batch, seq, d_output]
     y.reshape([batch, seq, d_output])
+}
+
+/// What a block's projections add to their dense weights: LoRA adapters, and the packed
+/// blocks that few-row products read instead of the weights.
+struct Extras<'a, B: Backend> {
+    lora: Option<&'a BlockLora<B>>,
+    packed: Option<&'a LayerPacked>,
+}
+
+impl<B: Backend> Clone for Extras<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B: Backend> Copy for Extras<'_, B> {}
+
+impl<B: Backend> Extras<'_, B> {
+    /// The packed blocks of projection `k` (in [`PROJECTIONS`] order), if any.
+    fn packed(&self, k: usize) -> Option<&PackedMatrix> {
+        self.packed.and_then(|p| p[k].as_deref())
+    }
 }
 
 /// Grouped-query self-attention with rotary positions.
@@ -339,24 +370,40 @@ impl<B: AttentionOps> Attention<B> {
         sin: &Tensor<B, 4>,
         bias: Option<&Tensor<B, 4>>,
         cache: Option<(&mut Option<LayerKv<B>>, usize)>,
-        lora: Option<&BlockLora<B>>,
+        extra: Extras<'_, B>,
     ) -> Tensor<B, 3> {
         let [batch, seq, _] = x.dims();
+        let (lora, pick) = (extra.lora, |k| extra.packed(k));
         let (heads, kv_heads, head_dim) = (self.n_heads, self.n_kv_heads, self.head_dim);
         let group = heads / kv_heads;
 
         // [batch, seq, heads, head_dim] -> [batch, heads, seq, head_dim]
-        let q = project(&self.query, lora.and_then(|l| l.q_proj.as_ref()), x.clone())
-            .reshape([batch, seq, heads, head_dim])
-            .swap_dims(1, 2);
+        let q = project(
+            &self.query,
+            lora.and_then(|l| l.q_proj.as_ref()),
+            pick(0),
+            x.clone(),
+        )
+        .reshape([batch, seq, heads, head_dim])
+        .swap_dims(1, 2);
         // [batch, seq, kv_heads, head_dim] -> [batch, kv_heads, seq, head_dim]
-        let k = project(&self.key, lora.and_then(|l| l.k_proj.as_ref()), x.clone())
-            .reshape([batch, seq, kv_heads, head_dim])
-            .swap_dims(1, 2);
+        let k = project(
+            &self.key,
+            lora.and_then(|l| l.k_proj.as_ref()),
+            pick(1),
+            x.clone(),
+        )
+        .reshape([batch, seq, kv_heads, head_dim])
+        .swap_dims(1, 2);
         // [batch, seq, kv_heads, head_dim] -> [batch, kv_heads, seq, head_dim]
-        let v = project(&self.value, lora.and_then(|l| l.v_proj.as_ref()), x)
-            .reshape([batch, seq, kv_heads, head_dim])
-            .swap_dims(1, 2);
+        let v = project(
+            &self.value,
+            lora.and_then(|l| l.v_proj.as_ref()),
+            pick(2),
+            x,
+        )
+        .reshape([batch, seq, kv_heads, head_dim])
+        .swap_dims(1, 2);
         let q = rotary(q, cos, sin);
         let k = rotary(k, cos, sin);
 
@@ -383,7 +430,12 @@ impl<B: AttentionOps> Attention<B> {
         let context = context
             .swap_dims(1, 2)
             .reshape([batch, seq, heads * head_dim]);
-        project(&self.output, lora.and_then(|l| l.o_proj.as_ref()), context)
+        project(
+            &self.output,
+            lora.and_then(|l| l.o_proj.as_ref()),
+            pick(3),
+            context,
+        )
     }
 }
 
@@ -395,19 +447,27 @@ pub struct SwiGlu<B: Backend> {
     down: Linear<B>,
 }
 
-impl<B: Backend> SwiGlu<B> {
+impl<B: AttentionOps> SwiGlu<B> {
     /// # Shapes
     /// - `x`: `[batch, seq, d_model]`
     /// - output: `[batch, seq, d_model]`
-    fn forward(&self, x: Tensor<B, 3>, lora: Option<&BlockLora<B>>) -> Tensor<B, 3> {
-        let adapter = |pick: fn(&BlockLora<B>) -> Option<&LoraAdapter<B>>| lora.and_then(pick);
+    fn forward(&self, x: Tensor<B, 3>, extra: Extras<'_, B>) -> Tensor<B, 3> {
+        let adapter =
+            |pick: fn(&BlockLora<B>) -> Option<&LoraAdapter<B>>| extra.lora.and_then(pick);
+        let pick = |k| extra.packed(k);
         let gate = silu(project(
             &self.gate,
             adapter(|l| l.gate_proj.as_ref()),
+            pick(4),
             x.clone(),
         ));
-        let up = project(&self.up, adapter(|l| l.up_proj.as_ref()), x);
-        project(&self.down, adapter(|l| l.down_proj.as_ref()), gate * up)
+        let up = project(&self.up, adapter(|l| l.up_proj.as_ref()), pick(5), x);
+        project(
+            &self.down,
+            adapter(|l| l.down_proj.as_ref()),
+            pick(6),
+            gate * up,
+        )
     }
 }
 
@@ -435,13 +495,17 @@ impl<B: AttentionOps> Block<B> {
         sin: &Tensor<B, 4>,
         bias: Option<&Tensor<B, 4>>,
         cache: Option<(&mut Option<LayerKv<B>>, usize)>,
+        packed: Option<&LayerPacked>,
     ) -> Tensor<B, 3> {
-        let lora = self.lora.as_ref();
+        let extra = Extras {
+            lora: self.lora.as_ref(),
+            packed,
+        };
         let h = x.clone()
             + self
                 .attention
-                .forward(self.attention_norm.forward(x), cos, sin, bias, cache, lora);
-        h.clone() + self.mlp.forward(self.mlp_norm.forward(h), lora)
+                .forward(self.attention_norm.forward(x), cos, sin, bias, cache, extra);
+        h.clone() + self.mlp.forward(self.mlp_norm.forward(h), extra)
     }
 }
 
@@ -462,6 +526,10 @@ pub struct Transformer<B: Backend> {
     rope_sin: Tensor<B, 2>,
     #[module(skip)]
     config: TransformerConfig,
+    /// The frozen projections in their file's quantized blocks, for decoding a few rows
+    /// ([`crate::packed`]; set by [`Transformer::with_packed`]).
+    #[module(skip)]
+    packed: Option<Arc<PackedWeights>>,
 }
 
 /// The shortest common prefix of a batch's rows that [`Transformer::hidden_at`] computes
@@ -575,6 +643,8 @@ impl<B: AttentionOps> Transformer<B> {
             }
         }
         let mut model = self.map(&mut Cast(dtype));
+        // The packed blocks compute in f32 from the weights as loaded.
+        model.packed = None;
         model.rope_cos = model.rope_cos.cast(dtype);
         model.rope_sin = model.rope_sin.cast(dtype);
         model
@@ -608,6 +678,65 @@ impl<B: AttentionOps> Transformer<B> {
         model
     }
 
+    /// The model with `packed` copies of its projections and LM head ([`crate::packed`]):
+    /// products of at most [`crate::packed::PACKED_MAX_ROWS`] rows then read the blocks
+    /// (on a CPU backend, outside autodiff). Each matrix must have its projection's shape
+    /// (`[d_out, d_in]`) and the layer count this model's; the values are the caller's
+    /// promise — the blocks of the file these weights were loaded from (see
+    /// [`crate::gguf::GgufFile::packed`]).
+    pub fn with_packed(mut self, packed: PackedWeights) -> Result<Self, ModelError> {
+        let c = &self.config;
+        let (d, ffn, hd) = (c.d_model, c.ffn_hidden, c.head_dim());
+        let (q, kv) = (c.n_heads * hd, c.n_kv_heads * hd);
+        // [d_out, d_in] of each projection, in `PROJECTIONS` order.
+        let shapes = [
+            (q, d),
+            (kv, d),
+            (kv, d),
+            (d, q),
+            (ffn, d),
+            (ffn, d),
+            (d, ffn),
+        ];
+        if packed.layers.len() != self.blocks.len() {
+            return Err(ModelError::InvalidConfig(format!(
+                "packed weights for {} layers, the model has {}",
+                packed.layers.len(),
+                self.blocks.len()
+            )));
+        }
+        for (i, layer) in packed.layers.iter().enumerate() {
+            for ((m, &(rows, cols)), name) in layer.iter().zip(&shapes).zip(PROJECTIONS) {
+                if let Some(m) = m
+                    && (m.rows(), m.cols()) != (rows, cols)
+                {
+                    return Err(ModelError::InvalidConfig(format!(
+                        "packed layer {i} {name} is {} × {}, the model's is {rows} × {cols}",
+                        m.rows(),
+                        m.cols()
+                    )));
+                }
+            }
+        }
+        if let Some(h) = &packed.head
+            && (h.rows(), h.cols()) != (c.vocab_size, d)
+        {
+            return Err(ModelError::InvalidConfig(format!(
+                "the packed LM head is {} × {}, the model's is {} × {d}",
+                h.rows(),
+                h.cols(),
+                c.vocab_size
+            )));
+        }
+        self.packed = (!packed.is_empty()).then(|| Arc::new(packed));
+        Ok(self)
+    }
+
+    /// Whether the model carries packed blocks ([`Transformer::with_packed`]).
+    pub fn has_packed(&self) -> bool {
+        self.packed.is_some()
+    }
+
     /// Whether any block carries LoRA adapters.
     pub fn has_lora(&self) -> bool {
         self.blocks.iter().any(|b| b.lora.is_some())
@@ -625,6 +754,10 @@ impl<B: AttentionOps> Transformer<B> {
     /// model computing what the adapted one does (to float rounding), e.g. to save in
     /// Hugging Face's format. A model without adapters is returned unchanged.
     pub fn merge_lora(mut self) -> Self {
+        if self.has_lora() {
+            // The merged projections are no longer the packed blocks' weights.
+            self.packed = None;
+        }
         for block in &mut self.blocks {
             let Some(lora) = block.lora.take() else {
                 continue;
@@ -828,7 +961,7 @@ impl<B: AttentionOps> Transformer<B> {
     /// - output: `[batch, seq, vocab]`
     pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         let logits = match &self.lm_head {
-            Some(head) => project(head, None, hidden),
+            Some(head) => project(head, None, None, hidden),
             None => {
                 let [batch, seq, d_model] = hidden.dims();
                 // [batch * seq, d_model] x [d_model, vocab] -> [batch, seq, vocab]
@@ -860,6 +993,14 @@ impl<B: AttentionOps> Transformer<B> {
     /// - `hidden`: `[batch, seq, d_model]`
     /// - output: `[batch, seq, vocab]`
     pub(crate) fn decode_logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        if let Some(head) = self.packed.as_ref().and_then(|p| p.head.as_deref()) {
+            let [batch, seq, d_model] = hidden.dims();
+            // [batch * seq, d_model] -> [batch * seq, vocab] -> [batch, seq, vocab]
+            let flat = hidden.clone().reshape([batch * seq, d_model]);
+            if let Some(logits) = packed_matmul(&flat, head) {
+                return logits.reshape([batch, seq, self.config.vocab_size]);
+            }
+        }
         let rows = HEAD_SLICE / self.config.d_model;
         in_f32(self.sliced_logits(hidden, rows))
     }
@@ -976,7 +1117,8 @@ impl<B: AttentionOps> Transformer<B> {
                 let reserve = c.reserve;
                 (&mut c.layers[i], reserve)
             });
-            x = block.forward(x, cos, sin, bias, layer);
+            let packed = self.packed.as_ref().and_then(|p| p.layers.get(i));
+            x = block.forward(x, cos, sin, bias, layer, packed);
         }
         self.norm.forward(x)
     }

@@ -1,0 +1,828 @@
+//! Matrix products on weights kept in llama.cpp's quantized blocks, for decoding few rows.
+//!
+//! Decoding one stream reads every weight of the model once per token and does two FLOPs
+//! with it: on a CPU the time is the memory traffic. SmolLM2-135M as f32 is 538 MB per token
+//! (≈ 48 tokens/s at one core's ≈ 26 GB/s, reports/perf/NOTES.md §9j); its GGUF holds the
+//! same weights as `Q4_1` blocks (0.625 bytes each) and the tied embedding as `Q8_0`
+//! (1.06 bytes each), ≈ 96 MB. [`PackedMatrix`] keeps those blocks and
+//! [`packed_matmul_host`] multiplies by them directly, expanding each block's integers to
+//! f32 in registers — the weights it computes with are exactly the f32 values the dense
+//! model was loaded with (`q·d + m` of the same `d`, `m`, `q`), only summed in another order.
+//!
+//! # Blocks (32 weights of one output row, ggml's definitions)
+//! - `Q4_1`: scale `d`, minimum `m`, 16 bytes of nibbles; weight `j` is the low nibble of
+//!   byte `j` and weight `j + 16` its high nibble; `w = q·d + m`.
+//! - `Q8_0`: scale `d`, 32 signed bytes; `w = q·d`.
+//!
+//! The scales are stored here as f32 (ggml's f16, converted once, exactly).
+//!
+//! # The arithmetic, fixed for every CPU
+//! For output `n` and input row `x`: `y = Σ_b d_b·(Σ_j x_j q_j) + Σ_b m_b·(Σ_j x_j)` over
+//! the row's blocks `b`. Within a block the products are summed in 16 lanes (lane `l` holds
+//! `x_l q_l + x_{l+16} q_{l+16}`), each lane scaled by `d_b` and accumulated across blocks;
+//! the lanes are added in a fixed tree at the end. Every step is a separate multiply and add
+//! (no fused multiply-add), so the AVX-512, AVX2, NEON and scalar builds that
+//! [`pulp`] dispatches to at run time give the same bits, and so does any thread count
+//! (each output is one task's). The dense product is the reference twin
+//! ([`PackedMatrix::dequantize`] gives its weights); there is no backward: frozen weights
+//! only, and `Autodiff<B>` takes the dense path.
+
+use burn::prelude::*;
+use burn::tensor::{DType, TensorData};
+use rayon::prelude::*;
+
+use crate::attention::AttentionOps;
+use crate::ops::{float, into_prim};
+
+/// Weights per block.
+pub const BLOCK: usize = 32;
+/// Lanes of the in-block sums (one AVX-512 register of f32).
+const LANES: usize = 16;
+/// Most input rows [`packed_matmul_host`] takes at once (the decode of a few streams; a
+/// larger batch reads the weights few enough times that the dense product is faster).
+pub const PACKED_MAX_ROWS: usize = 4;
+/// Output rows per task.
+const CHUNK: usize = 64;
+/// Fewest weights of a matrix whose product is split over rayon's threads.
+const PARALLEL_MIN: usize = 1 << 19;
+
+/// A block format of [`PackedMatrix`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockFormat {
+    /// ggml `Q4_1`: `w = q·d + m`, `q` in `0..16`.
+    Q4_1,
+    /// ggml `Q8_0`: `w = q·d`, `q` in `-128..128`.
+    Q8_0,
+}
+
+impl BlockFormat {
+    /// Bytes of one block in a GGUF file.
+    pub const fn ggml_bytes(self) -> usize {
+        match self {
+            BlockFormat::Q4_1 => 20,
+            BlockFormat::Q8_0 => 34,
+        }
+    }
+    /// Bytes of one block's integers here.
+    const fn quant_bytes(self) -> usize {
+        match self {
+            BlockFormat::Q4_1 => 16,
+            BlockFormat::Q8_0 => 32,
+        }
+    }
+}
+
+/// Why blocks cannot form a [`PackedMatrix`].
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PackedError {
+    /// The row length is not a whole number of blocks.
+    #[error("a packed row of {cols} weights is not a whole number of {BLOCK}-weight blocks")]
+    RowLength {
+        /// The row length.
+        cols: usize,
+    },
+    /// The bytes are not `rows × cols / 32` blocks.
+    #[error("{format:?} blocks of a {rows} × {cols} matrix take {expected} bytes, got {got}")]
+    Bytes {
+        /// The format.
+        format: BlockFormat,
+        /// Output rows.
+        rows: usize,
+        /// Weights per row.
+        cols: usize,
+        /// `rows · cols / 32 · block bytes`.
+        expected: usize,
+        /// The length given.
+        got: usize,
+    },
+}
+
+/// A `[rows, cols]` weight matrix in quantized blocks, row-major (each output's weights
+/// contiguous), as a GGUF file stores a linear layer: `y[n] = Σ_k x[k]·w[n, k]`.
+#[derive(Debug, Clone)]
+pub struct PackedMatrix {
+    format: BlockFormat,
+    rows: usize,
+    cols: usize,
+    /// Each block's integers: 16 bytes of nibbles (`Q4_1`) or 32 signed bytes (`Q8_0`).
+    quants: Vec<u8>,
+    /// Each block's `d`.
+    scales: Vec<f32>,
+    /// Each block's `m` (`Q4_1`; empty for `Q8_0`).
+    mins: Vec<f32>,
+}
+
+impl PackedMatrix {
+    /// The matrix from its blocks as a GGUF file stores them (`rows · cols / 32` blocks, row
+    /// by row; f16 scales and minimums little-endian).
+    pub fn from_ggml(
+        format: BlockFormat,
+        rows: usize,
+        cols: usize,
+        raw: &[u8],
+    ) -> Result<Self, PackedError> {
+        if cols == 0 || !cols.is_multiple_of(BLOCK) {
+            return Err(PackedError::RowLength { cols });
+        }
+        let blocks = rows * cols / BLOCK;
+        let expected = blocks * format.ggml_bytes();
+        if raw.len() != expected {
+            return Err(PackedError::Bytes {
+                format,
+                rows,
+                cols,
+                expected,
+                got: raw.len(),
+            });
+        }
+        let half = |b: &[u8], at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
+        let mut quants = Vec::with_capacity(blocks * format.quant_bytes());
+        let mut scales = Vec::with_capacity(blocks);
+        let mut mins = Vec::new();
+        for block in raw.chunks_exact(format.ggml_bytes()) {
+            scales.push(half(block, 0));
+            match format {
+                BlockFormat::Q4_1 => {
+                    mins.push(half(block, 2));
+                    quants.extend_from_slice(&block[4..]);
+                }
+                BlockFormat::Q8_0 => quants.extend_from_slice(&block[2..]),
+            }
+        }
+        Ok(PackedMatrix {
+            format,
+            rows,
+            cols,
+            quants,
+            scales,
+            mins,
+        })
+    }
+
+    /// The block format.
+    pub fn format(&self) -> BlockFormat {
+        self.format
+    }
+    /// Output rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    /// Weights per output row (the input width).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    /// Bytes held: the blocks' integers and their f32 scales and minimums.
+    pub fn bytes(&self) -> usize {
+        self.quants.len() + 4 * (self.scales.len() + self.mins.len())
+    }
+
+    /// The weights as f32, `[rows, cols]` row-major: `q·d + m` (`Q4_1`) or `q·d` (`Q8_0`),
+    /// rounded once each — the values a dense model loaded from the same file holds.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = Vec::with_capacity(self.rows * self.cols);
+        let qb = self.format.quant_bytes();
+        for (b, q) in self.quants.chunks_exact(qb).enumerate() {
+            let d = self.scales[b];
+            match self.format {
+                BlockFormat::Q4_1 => {
+                    let m = self.mins[b];
+                    out.extend(q.iter().map(|&v| f32::from(v & 0x0f) * d + m));
+                    out.extend(q.iter().map(|&v| f32::from(v >> 4) * d + m));
+                }
+                BlockFormat::Q8_0 => out.extend(q.iter().map(|&v| f32::from(v as i8) * d)),
+            }
+        }
+        out
+    }
+}
+
+/// `x · wᵀ` by [`AttentionOps::packed_matmul`], or `None` where `B` has no packed product
+/// or the input does not fit it (f32, `1..=PACKED_MAX_ROWS` rows of `w.cols()`): the caller
+/// then multiplies by the dense weights.
+///
+/// # Shapes
+/// - `x`: `[m, w.cols()]`
+/// - output: `[m, w.rows()]`
+pub fn packed_matmul<B: AttentionOps>(x: &Tensor<B, 2>, w: &PackedMatrix) -> Option<Tensor<B, 2>> {
+    let [m, cols] = x.dims();
+    let fits = (1..=PACKED_MAX_ROWS).contains(&m) && cols == w.cols && x.dtype() == DType::F32;
+    if !fits {
+        return None;
+    }
+    B::packed_matmul(into_prim(x.clone()), w).map(float)
+}
+
+/// [`AttentionOps::packed_matmul`] for a CPU backend: the input read to the host, multiplied
+/// by [`packed_matmul_host`], the output written back. `x` is as [`packed_matmul`] checked.
+pub(crate) fn packed_matmul_via_host<B: Backend>(
+    x: burn::tensor::ops::FloatTensor<B>,
+    w: &PackedMatrix,
+) -> Option<burn::tensor::ops::FloatTensor<B>> {
+    let x: Tensor<B, 2> = float(x);
+    let [m, _] = x.dims();
+    let device = x.device();
+    let data = x.into_data();
+    let y = packed_matmul_host(data.as_slice::<f32>().ok()?, m, w);
+    let y = Tensor::<B, 2>::from_data(TensorData::new(y, [m, w.rows]), &device);
+    Some(into_prim(y))
+}
+
+/// `x · wᵀ` for `m ≤ PACKED_MAX_ROWS` input rows: `x` is `[m, w.cols()]` row-major, the
+/// output `[m, w.rows()]`. Output rows are split in tasks of rayon's pool; the arithmetic is
+/// the module docs' and the same on every CPU and thread count.
+///
+/// # Panics
+/// If `m` is 0 or above [`PACKED_MAX_ROWS`], or `x.len() != m · w.cols()` (the caller's
+/// shapes, checked by [`packed_matmul`]).
+pub fn packed_matmul_host(x: &[f32], m: usize, w: &PackedMatrix) -> Vec<f32> {
+    matmul_on(Isa::detect(), x, m, w)
+}
+
+/// [`packed_matmul_host`] on a given instruction set.
+fn matmul_on(isa: Isa, x: &[f32], m: usize, w: &PackedMatrix) -> Vec<f32> {
+    assert!((1..=PACKED_MAX_ROWS).contains(&m), "{m} rows");
+    assert_eq!(x.len(), m * w.cols, "input length");
+    let blocks = w.cols / BLOCK;
+    // Σ_j x_j of every block of every input row (the minimums' term), summed in order.
+    // Σ_j x_j of every block of every input row (the minimums' factor), summed in order.
+    let sums: Vec<f32> = x
+        .chunks_exact(BLOCK)
+        .map(|b| b.iter().fold(0.0f32, |t, &v| t + v))
+        .collect();
+    // [rows, m]: each task fills whole output rows.
+    let mut by_row = vec![0.0f32; w.rows * m];
+    let task = |(c, out): (usize, &mut [f32])| {
+        isa.run(Rows {
+            x,
+            sums: &sums,
+            m,
+            blocks,
+            w,
+            first: c * CHUNK,
+            out,
+        })
+    };
+    // Handing a product to the pool costs a wake-up and a wait (≈ 10 µs): a small matrix is
+    // done here, on the calling thread.
+    if rayon::current_num_threads() > 1 && w.rows * w.cols >= PARALLEL_MIN {
+        by_row.par_chunks_mut(CHUNK * m).enumerate().for_each(task);
+    } else {
+        by_row.chunks_mut(CHUNK * m).enumerate().for_each(task);
+    }
+    if m == 1 {
+        return by_row;
+    }
+    let mut out = vec![0.0f32; m * w.rows];
+    for (n, row) in by_row.chunks_exact(m).enumerate() {
+        for (i, &v) in row.iter().enumerate() {
+            out[i * w.rows + n] = v;
+        }
+    }
+    out
+}
+
+/// One task: output rows `first..first + out.len() / m` (`out` is `[rows, m]`).
+struct Rows<'a> {
+    x: &'a [f32],
+    sums: &'a [f32],
+    m: usize,
+    blocks: usize,
+    w: &'a PackedMatrix,
+    first: usize,
+    out: &'a mut [f32],
+}
+
+/// The instruction set a task runs on, detected at run time ([`pulp`]'s CPU tokens, which
+/// make the intrinsics safe to call). Every variant computes the same bits.
+#[derive(Clone, Copy)]
+enum Isa {
+    /// [`Rows::scalar_rows`]: the arithmetic written out, and the others' reference.
+    Scalar,
+    /// AVX2: each 16-lane accumulator as two 8-lane registers.
+    #[cfg(target_arch = "x86_64")]
+    V3(pulp::x86::V3),
+    /// AVX-512: one register per accumulator.
+    #[cfg(target_arch = "x86_64")]
+    V4(pulp::x86::V4),
+}
+
+impl Isa {
+    fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if let Some(simd) = pulp::x86::V4::try_new() {
+                return Isa::V4(simd);
+            }
+            if let Some(simd) = pulp::x86::V3::try_new() {
+                return Isa::V3(simd);
+            }
+        }
+        Isa::Scalar
+    }
+
+    fn run(self, job: Rows<'_>) {
+        match self {
+            Isa::Scalar => by_shape!(job, job, scalar_rows),
+            #[cfg(target_arch = "x86_64")]
+            Isa::V3(simd) => pulp::Simd::vectorize(simd, x86::V3Rows { simd, job }),
+            #[cfg(target_arch = "x86_64")]
+            Isa::V4(simd) => pulp::Simd::vectorize(simd, x86::V4Rows { simd, job }),
+        }
+    }
+}
+
+/// Calls `$job.$run::<Q4, M>()` for the format and row count of `$rows` (constants in each
+/// instance, so that the accumulators stay in registers and the loops know their lengths).
+macro_rules! by_shape {
+    ($rows:expr, $job:expr, $run:ident) => {
+        match ($rows.w.format, $rows.m) {
+            (BlockFormat::Q4_1, 1) => $job.$run::<true, 1>(),
+            (BlockFormat::Q4_1, 2) => $job.$run::<true, 2>(),
+            (BlockFormat::Q4_1, 3) => $job.$run::<true, 3>(),
+            (BlockFormat::Q4_1, _) => $job.$run::<true, 4>(),
+            (BlockFormat::Q8_0, 1) => $job.$run::<false, 1>(),
+            (BlockFormat::Q8_0, 2) => $job.$run::<false, 2>(),
+            (BlockFormat::Q8_0, 3) => $job.$run::<false, 3>(),
+            (BlockFormat::Q8_0, _) => $job.$run::<false, 4>(),
+        }
+    };
+}
+use by_shape;
+
+impl<'a> Rows<'a> {
+    /// Output row `r` of the task: its blocks' integers, scales and minimums.
+    #[inline(always)]
+    fn row<const Q4: bool>(&self, r: usize) -> (&'a [u8], &'a [f32], &'a [f32]) {
+        let (w, blocks) = (self.w, self.blocks);
+        let qb = if Q4 { 16 } else { 32 };
+        let row = self.first + r;
+        let mins: &[f32] = if Q4 {
+            &w.mins[row * blocks..(row + 1) * blocks]
+        } else {
+            &[]
+        };
+        (
+            &w.quants[row * blocks * qb..(row + 1) * blocks * qb],
+            &w.scales[row * blocks..(row + 1) * blocks],
+            mins,
+        )
+    }
+
+    /// Output `(r, i)`: the lanes of its accumulator added, plus `Σ_b m_b·(Σ_j x_j)` over
+    /// the row's minimums `mins` in block order (0 for `Q8_0`). The minimums' sum is kept out
+    /// of the lanes' loop: a compiler vectorising it across output rows gathers the block
+    /// sums.
+    #[inline(always)]
+    fn finish<const Q4: bool>(&self, acc: &[f32; LANES], mins: &[f32], i: usize) -> f32 {
+        let min_term = if Q4 {
+            let sums = &self.sums[i * self.blocks..(i + 1) * self.blocks];
+            mins.iter().zip(sums).fold(0.0f32, |t, (m, s)| t + m * s)
+        } else {
+            0.0
+        };
+        lane_sum(acc) + min_term
+    }
+
+    /// The module docs' arithmetic, one lane at a time.
+    fn scalar_rows<const Q4: bool, const M: usize>(self) {
+        let qb = if Q4 { 16 } else { 32 };
+        let (x, blocks, cols) = (self.x, self.blocks, self.w.cols);
+        for r in 0..self.out.len() / M {
+            let (quants, scales, mins) = self.row::<Q4>(r);
+            // [input row][lane]
+            let mut acc = [[0.0f32; LANES]; M];
+            for b in 0..blocks {
+                let block = &quants[b * qb..][..qb];
+                // Lane l multiplies weights l and l + 16 of the block.
+                let (lo, hi): ([f32; LANES], [f32; LANES]) = if Q4 {
+                    (
+                        std::array::from_fn(|l| f32::from(block[l] & 0x0f)),
+                        std::array::from_fn(|l| f32::from(block[l] >> 4)),
+                    )
+                } else {
+                    (
+                        std::array::from_fn(|l| f32::from(block[l] as i8)),
+                        std::array::from_fn(|l| f32::from(block[l + LANES] as i8)),
+                    )
+                };
+                let d = scales[b];
+                for i in 0..M {
+                    let xb = &x[i * cols + b * BLOCK..][..BLOCK];
+                    for l in 0..LANES {
+                        acc[i][l] += d * (xb[l] * lo[l] + xb[l + LANES] * hi[l]);
+                    }
+                }
+            }
+            for (i, acc) in acc.iter().enumerate() {
+                self.out[r * M + i] = self.finish::<Q4>(acc, mins, i);
+            }
+        }
+    }
+}
+
+/// The AVX2 and AVX-512 instances of [`Rows::scalar_rows`]: the same operations in the
+/// same order, 8 or 16 lanes per instruction.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use core::arch::x86_64::{__m128i, __m256, __m512};
+    use pulp::cast;
+    use pulp::x86::{V3, V4};
+
+    use super::{BLOCK, BlockFormat, LANES, Rows};
+
+    /// 16 bytes of `s` from `at` (a length the compiler knows, so the check folds away).
+    #[inline(always)]
+    fn bytes16(s: &[u8], at: usize) -> __m128i {
+        let a: [u8; 16] = s[at..at + 16].try_into().unwrap_or_default();
+        cast(a)
+    }
+
+    pub(super) struct V4Rows<'a> {
+        pub(super) simd: V4,
+        pub(super) job: Rows<'a>,
+    }
+
+    impl pulp::WithSimd for V4Rows<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _: S) {
+            by_shape!(self.job, self, rows)
+        }
+    }
+
+    impl V4Rows<'_> {
+        /// One output row at a time, its blocks streamed in order. Measured on SmolLM2's
+        /// single stream (Zen 4, one thread): four rows interleaved, 55–59 tokens/s, two,
+        /// 64; one, 79–81; two accumulators a row (even and odd blocks), 77–78.
+        // Index loops: an iterator adaptor left as a call would not be compiled for the
+        // CPU's vectors (only what inlines into `vectorize` is).
+        #[allow(clippy::needless_range_loop)]
+        #[inline(always)]
+        fn rows<const Q4: bool, const M: usize>(self) {
+            let (s, job) = (self.simd, self.job);
+            let f = s.avx512f;
+            for r in 0..job.out.len() / M {
+                let row = job.row::<Q4>(r);
+                let mut acc = [f._mm512_setzero_ps(); M];
+                for b in 0..job.blocks {
+                    let v = step4::<Q4, M>(s, &job, row, b);
+                    for i in 0..M {
+                        acc[i] = f._mm512_add_ps(acc[i], v[i]);
+                    }
+                }
+                for i in 0..M {
+                    job.out[r * M + i] = job.finish::<Q4>(&cast(acc[i]), row.2, i);
+                }
+            }
+        }
+    }
+
+    /// `d·(x_lo·q_lo + x_hi·q_hi)` of block `b` of a row, for each input row (AVX-512).
+    #[inline(always)]
+    fn step4<const Q4: bool, const M: usize>(
+        s: V4,
+        job: &Rows<'_>,
+        (quants, scales, _): (&[u8], &[f32], &[f32]),
+        b: usize,
+    ) -> [__m512; M] {
+        let (x, cols) = (job.x, job.w.cols);
+        let (f, sse2) = (s.avx512f, s.sse2);
+        let qb = if Q4 { 16 } else { 32 };
+        let (lo, hi) = if Q4 {
+            let nibble = sse2._mm_set1_epi8(0x0f);
+            let n = bytes16(quants, b * qb);
+            let lo = sse2._mm_and_si128(n, nibble);
+            let hi = sse2._mm_and_si128(sse2._mm_srli_epi16::<4>(n), nibble);
+            (f._mm512_cvtepu8_epi32(lo), f._mm512_cvtepu8_epi32(hi))
+        } else {
+            (
+                f._mm512_cvtepi8_epi32(bytes16(quants, b * qb)),
+                f._mm512_cvtepi8_epi32(bytes16(quants, b * qb + 16)),
+            )
+        };
+        let (lo, hi) = (f._mm512_cvtepi32_ps(lo), f._mm512_cvtepi32_ps(hi));
+        let d = f._mm512_set1_ps(scales[b]);
+        let load = |v: &[f32], at: usize| -> __m512 {
+            let a: [f32; 16] = v[at..at + 16].try_into().unwrap_or_default();
+            cast(a)
+        };
+        // (`std::array::from_fn` would put the intrinsics behind a call that is not compiled
+        // for AVX-512.)
+        let mut out = [d; M];
+        for (i, o) in out.iter_mut().enumerate() {
+            let at = i * cols + b * BLOCK;
+            let p = f._mm512_add_ps(
+                f._mm512_mul_ps(load(x, at), lo),
+                f._mm512_mul_ps(load(x, at + LANES), hi),
+            );
+            *o = f._mm512_mul_ps(d, p);
+        }
+        out
+    }
+
+    pub(super) struct V3Rows<'a> {
+        pub(super) simd: V3,
+        pub(super) job: Rows<'a>,
+    }
+
+    impl pulp::WithSimd for V3Rows<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn with_simd<S: pulp::Simd>(self, _: S) {
+            by_shape!(self.job, self, rows)
+        }
+    }
+
+    impl V3Rows<'_> {
+        /// [`V4Rows::rows`] on AVX2: lanes 0..8 and 8..16 of each accumulator in two
+        /// registers.
+        // Index loops: an iterator adaptor left as a call would not be compiled for the
+        // CPU's vectors (only what inlines into `vectorize` is).
+        #[allow(clippy::needless_range_loop)]
+        #[inline(always)]
+        fn rows<const Q4: bool, const M: usize>(self) {
+            let (s, job) = (self.simd, self.job);
+            let avx = s.avx;
+            for r in 0..job.out.len() / M {
+                let row = job.row::<Q4>(r);
+                let mut acc = [[avx._mm256_setzero_ps(); 2]; M];
+                for b in 0..job.blocks {
+                    let v = step3::<Q4, M>(s, &job, row, b);
+                    for i in 0..M {
+                        for h in 0..2 {
+                            acc[i][h] = avx._mm256_add_ps(acc[i][h], v[i][h]);
+                        }
+                    }
+                }
+                for i in 0..M {
+                    job.out[r * M + i] = job.finish::<Q4>(&cast(acc[i]), row.2, i);
+                }
+            }
+        }
+    }
+
+    /// Lanes 0..8 and 8..16 of a 16-lane vector of f32 from 16 integers (AVX2).
+    #[inline(always)]
+    fn widen(s: V3, v: __m128i, signed: bool) -> [__m256; 2] {
+        let high = s.sse2._mm_srli_si128::<8>(v);
+        let (a, b) = if signed {
+            (
+                s.avx2._mm256_cvtepi8_epi32(v),
+                s.avx2._mm256_cvtepi8_epi32(high),
+            )
+        } else {
+            (
+                s.avx2._mm256_cvtepu8_epi32(v),
+                s.avx2._mm256_cvtepu8_epi32(high),
+            )
+        };
+        [s.avx._mm256_cvtepi32_ps(a), s.avx._mm256_cvtepi32_ps(b)]
+    }
+
+    /// [`step4`] on AVX2, each 16-lane vector as two registers.
+    #[inline(always)]
+    fn step3<const Q4: bool, const M: usize>(
+        s: V3,
+        job: &Rows<'_>,
+        (quants, scales, _): (&[u8], &[f32], &[f32]),
+        b: usize,
+    ) -> [[__m256; 2]; M] {
+        let (x, cols) = (job.x, job.w.cols);
+        let (avx, sse2) = (s.avx, s.sse2);
+        let qb = if Q4 { 16 } else { 32 };
+        let (lo, hi) = if Q4 {
+            let nibble = sse2._mm_set1_epi8(0x0f);
+            let n = bytes16(quants, b * qb);
+            let hi = sse2._mm_and_si128(sse2._mm_srli_epi16::<4>(n), nibble);
+            (
+                widen(s, sse2._mm_and_si128(n, nibble), false),
+                widen(s, hi, false),
+            )
+        } else {
+            (
+                widen(s, bytes16(quants, b * qb), true),
+                widen(s, bytes16(quants, b * qb + 16), true),
+            )
+        };
+        let d = avx._mm256_set1_ps(scales[b]);
+        let load = |v: &[f32], at: usize| -> __m256 {
+            let a: [f32; 8] = v[at..at + 8].try_into().unwrap_or_default();
+            cast(a)
+        };
+        let mut out = [[d; 2]; M];
+        for (i, o) in out.iter_mut().enumerate() {
+            let at = i * cols + b * BLOCK;
+            for (h, o) in o.iter_mut().enumerate() {
+                let p = avx._mm256_add_ps(
+                    avx._mm256_mul_ps(load(x, at + 8 * h), lo[h]),
+                    avx._mm256_mul_ps(load(x, at + LANES + 8 * h), hi[h]),
+                );
+                *o = avx._mm256_mul_ps(d, p);
+            }
+        }
+        out
+    }
+}
+
+/// The 16 lanes added pairwise: `(a0 + a8) …`, then halves again, in a fixed order.
+#[inline(always)]
+fn lane_sum(a: &[f32; LANES]) -> f32 {
+    let mut v = *a;
+    let mut width = LANES / 2;
+    while width > 0 {
+        for l in 0..width {
+            v[l] += v[l + width];
+        }
+        width /= 2;
+    }
+    v[0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One `Q4_1` block: d = 0.5, m = −1, nibbles: byte j = j | (15 − j) << 4.
+    fn q4_block() -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
+        b.extend_from_slice(&half::f16::from_f32(-1.0).to_le_bytes());
+        b.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+        b
+    }
+
+    #[test]
+    fn blocks_dequantize_as_ggml_defines_them() {
+        let w = PackedMatrix::from_ggml(BlockFormat::Q4_1, 1, 32, &q4_block()).expect("block");
+        let v = w.dequantize();
+        // Weight j < 16: j·0.5 − 1; weight j + 16: (15 − j)·0.5 − 1.
+        assert_eq!(&v[..3], &[-1.0, -0.5, 0.0]);
+        assert_eq!(v[15], 6.5);
+        assert_eq!(v[16], 6.5);
+        assert_eq!(v[31], -1.0);
+        let mut q8 = half::f16::from_f32(0.25).to_le_bytes().to_vec();
+        q8.extend((0..32i8).map(|j| (j - 16) as u8));
+        let w = PackedMatrix::from_ggml(BlockFormat::Q8_0, 1, 32, &q8).expect("block");
+        let v = w.dequantize();
+        assert_eq!((v[0], v[16], v[31]), (-4.0, 0.0, 3.75));
+    }
+
+    #[test]
+    fn a_block_times_a_hand_vector() {
+        // x = 1 everywhere: y = Σ w = Σ_j (j·0.5 − 1) + Σ_j ((15 − j)·0.5 − 1)
+        //   = 2 · (0.5 · 120 − 16) = 88.
+        let w = PackedMatrix::from_ggml(BlockFormat::Q4_1, 1, 32, &q4_block()).expect("block");
+        assert_eq!(packed_matmul_host(&[1.0; 32], 1, &w), vec![88.0]);
+        // x_j = 1 for j < 16 only: Σ_j (j·0.5 − 1) = 60 − 16 = 44.
+        let mut x = [0.0f32; 32];
+        x[..16].fill(1.0);
+        assert_eq!(packed_matmul_host(&x, 1, &w), vec![44.0]);
+    }
+
+    /// Random blocks: each f16 scale a normal number, nibbles and bytes uniform.
+    fn random_blocks(format: BlockFormat, blocks: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed;
+        let mut next = move || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 33) as u32
+        };
+        let mut raw = Vec::new();
+        for _ in 0..blocks {
+            let d = 0.001 + (next() % 1000) as f32 * 1e-5;
+            raw.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+            if format == BlockFormat::Q4_1 {
+                let m = -((next() % 1000) as f32) * 1e-4;
+                raw.extend_from_slice(&half::f16::from_f32(m).to_le_bytes());
+            }
+            raw.extend((0..format.quant_bytes()).map(|_| next() as u8));
+        }
+        raw
+    }
+
+    #[test]
+    fn matches_the_dense_product_of_its_weights() {
+        for format in [BlockFormat::Q4_1, BlockFormat::Q8_0] {
+            let (rows, cols) = (200, 96);
+            let raw = random_blocks(format, rows * cols / BLOCK, 7);
+            let w = PackedMatrix::from_ggml(format, rows, cols, &raw).expect("blocks");
+            let dense = w.dequantize();
+            for m in 1..=PACKED_MAX_ROWS {
+                let x: Vec<f32> = (0..m * cols)
+                    .map(|k| ((k * 37 % 101) as f32 - 50.0) / 25.0)
+                    .collect();
+                let y = packed_matmul_host(&x, m, &w);
+                assert_eq!(y.len(), m * rows);
+                for i in 0..m {
+                    for n in 0..rows {
+                        let exact: f64 = (0..cols)
+                            .map(|k| f64::from(x[i * cols + k]) * f64::from(dense[n * cols + k]))
+                            .sum();
+                        let scale: f64 = (0..cols)
+                            .map(|k| (x[i * cols + k] * dense[n * cols + k]).abs() as f64)
+                            .sum();
+                        let got = f64::from(y[i * rows + n]);
+                        assert!(
+                            (got - exact).abs() <= 1e-5 * scale.max(1e-3),
+                            "{format:?} m={m} row {i} out {n}: {got} vs {exact}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rows_are_independent_of_their_neighbours_and_of_threads() {
+        let raw = random_blocks(BlockFormat::Q4_1, 130 * 64 / BLOCK, 3);
+        let w = PackedMatrix::from_ggml(BlockFormat::Q4_1, 130, 64, &raw).expect("blocks");
+        let x: Vec<f32> = (0..3 * 64).map(|k| (k as f32 * 0.37).sin()).collect();
+        let together = packed_matmul_host(&x, 3, &w);
+        for i in 0..3 {
+            let alone = packed_matmul_host(&x[i * 64..(i + 1) * 64], 1, &w);
+            assert_eq!(alone, together[i * 130..(i + 1) * 130]);
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .expect("pool");
+        assert_eq!(pool.install(|| packed_matmul_host(&x, 3, &w)), together);
+    }
+
+    #[test]
+    fn every_instruction_set_gives_the_scalar_bits() {
+        let mut isas = vec![Isa::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        {
+            isas.extend(pulp::x86::V3::try_new().map(Isa::V3));
+            isas.extend(pulp::x86::V4::try_new().map(Isa::V4));
+        }
+        for format in [BlockFormat::Q4_1, BlockFormat::Q8_0] {
+            let (rows, cols) = (150, 192);
+            let raw = random_blocks(format, rows * cols / BLOCK, 11);
+            let w = PackedMatrix::from_ggml(format, rows, cols, &raw).expect("blocks");
+            for m in 1..=PACKED_MAX_ROWS {
+                let x: Vec<f32> = (0..m * cols).map(|k| (k as f32 * 0.731).cos()).collect();
+                let want = matmul_on(Isa::Scalar, &x, m, &w);
+                for isa in &isas[1..] {
+                    let got = matmul_on(*isa, &x, m, &w);
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{format:?}, {m} rows: an instruction set differs");
+                }
+            }
+        }
+        eprintln!("instruction sets compared: {}", isas.len());
+    }
+
+    /// The tensor-level op on the CPU backends is the host product; more than
+    /// [`PACKED_MAX_ROWS`] rows, a wrong width and `Autodiff` get `None` (the dense path).
+    fn tensor_op_on<B: AttentionOps>() {
+        let (rows, cols) = (70, 64);
+        let raw = random_blocks(BlockFormat::Q4_1, rows * cols / BLOCK, 5);
+        let w = PackedMatrix::from_ggml(BlockFormat::Q4_1, rows, cols, &raw).expect("blocks");
+        let device = Default::default();
+        let x: Vec<f32> = (0..2 * cols).map(|k| (k as f32 * 0.1).sin()).collect();
+        let t = Tensor::<B, 2>::from_data(TensorData::new(x.clone(), [2, cols]), &device);
+        let y = packed_matmul(&t, &w).expect("a CPU backend has the op");
+        assert_eq!(y.dims(), [2, rows]);
+        let y = y.into_data().into_vec::<f32>().expect("f32");
+        assert_eq!(y, packed_matmul_host(&x, 2, &w));
+        let five = Tensor::<B, 2>::zeros([5, cols], &device);
+        assert!(packed_matmul(&five, &w).is_none());
+        let narrow = Tensor::<B, 2>::zeros([1, 32], &device);
+        assert!(packed_matmul(&narrow, &w).is_none());
+        let tracked = Tensor::<burn::backend::Autodiff<B>, 2>::zeros([1, cols], &device);
+        assert!(packed_matmul(&tracked, &w).is_none());
+    }
+
+    #[test]
+    fn the_tensor_op_runs_on_ndarray() {
+        tensor_op_on::<burn::backend::NdArray<f32>>();
+    }
+
+    #[cfg(feature = "flex")]
+    #[test]
+    fn the_tensor_op_runs_on_flex() {
+        tensor_op_on::<burn::backend::Flex>();
+    }
+
+    #[test]
+    fn malformed_blocks_are_errors() {
+        assert_eq!(
+            PackedMatrix::from_ggml(BlockFormat::Q4_1, 1, 48, &[0; 30]).err(),
+            Some(PackedError::RowLength { cols: 48 })
+        );
+        assert!(matches!(
+            PackedMatrix::from_ggml(BlockFormat::Q8_0, 2, 32, &[0; 34]),
+            Err(PackedError::Bytes {
+                expected: 68,
+                got: 34,
+                ..
+            })
+        ));
+    }
+}
