@@ -5,7 +5,10 @@
 # tokens per row (end-of-message ignored), prompt processing included in both timings.
 #
 # Workloads per thread count:
-#   single         one stream, as `rlany generate` (TOKENS tokens)
+#   single         one stream, as `rlany generate` (TOKENS tokens): rlany multiplies by the
+#                  GGUF's quantized blocks, as llama.cpp does (rlany_models::packed)
+#   single-dense   the same stream, rlany on its f32 weights (`generate --dense`), against the
+#                  same llama.cpp measurement
 #   batch          ROWS copies of the prompt decoded together, as a rollout (BATCH_TOKENS
 #                  each); llama.cpp reads the prompt once per row
 #   batch-shared   the same, llama.cpp reading the common prompt once and sharing its cache
@@ -77,11 +80,11 @@ shards_for() { # threads rows
 }
 
 # One rlany measurement as a JSON line (its own stderr summary, parsed).
-ours() { # threads rows tokens
+ours() { # threads rows tokens [--dense]
     local t=$1 rows=$2 n=$3 shards
     shards=$(shards_for "$t" "$rows")
-    local flag=()
-    [ "$shards" -gt 1 ] && flag=(--shards "$shards")
+    local flag=(${4:-})
+    [ "$shards" -gt 1 ] && flag+=(--shards "$shards")
     RAYON_NUM_THREADS=$t MATMUL_NUM_THREADS=$t "$BIN" generate "$MODEL" --prompt "$MESSAGE" \
         --max-tokens "$n" --ignore-eos --batch "$rows" --backend "$BACKEND" "${flag[@]}" \
         2>"$TMP/err" >/dev/null
@@ -110,6 +113,8 @@ for t in $THREADS; do
         ours "$t" "$rows" "$n" | sed "s/^{/{\"workload\": \"$w\", /" >>"$OUT/results.jsonl"
         theirs "$t" "$rows" "$n" | sed "s/^{/{\"workload\": \"$w\", /" >>"$OUT/results.jsonl"
     done
+    echo "threads $t, single-dense (1 x $TOKENS tokens, rlany --dense only)" >&2
+    ours "$t" 1 "$TOKENS" --dense | sed "s/^{/{\"workload\": \"single-dense\", /" >>"$OUT/results.jsonl"
     echo "threads $t, batch-shared ($ROWS x $BATCH_TOKENS tokens, llama.cpp only)" >&2
     theirs "$t" "$ROWS" "$BATCH_TOKENS" --share-prompt \
         | sed "s/^{/{\"workload\": \"batch-shared\", /" >>"$OUT/results.jsonl"
@@ -136,12 +141,14 @@ key = lambda r: (r["threads"], r["workload"])
 ours = {key(r): r for r in rows if r["engine"] == "rlany"}
 ref = {key(r): r for r in rows if r["engine"] == "llama.cpp"}
 out = ["| backend | threads | workload | rlany tokens/s | llama.cpp tokens/s | ratio |", "|---|---|---|---|---|---|"]
-for k in sorted(ref):
-    # rlany reads a common prefix once in either batch row: one measurement serves both.
-    o, r = ours.get((k[0], "batch" if k[1] == "batch-shared" else k[1])), ref[k]
+# rlany reads a common prefix once in either batch row: one measurement serves both; its
+# dense single stream is set against llama.cpp's single stream.
+pairs = [(k, k[1]) for k in ref] + [((k[0], "single-dense"), "single") for k in ref if k[1] == "single"]
+for (t, w), theirs in sorted(pairs):
+    o, r = ours.get((t, "batch" if w == "batch-shared" else w)), ref[(t, theirs)]
     if o is None:
         continue
-    out.append(f"| {o.get('backend', 'ndarray')} | {k[0]} | {k[1]} ({o['rows']} × {o['tokens_per_row']}) | {o['tokens_per_s']:.1f} | "
+    out.append(f"| {o.get('backend', 'ndarray')} | {t} | {w} ({o['rows']} × {o['tokens_per_row']}) | {o['tokens_per_s']:.1f} | "
                f"{r['tokens_per_s']:.1f} | {o['tokens_per_s'] / r['tokens_per_s']:.2f}× |")
 # Each rlany workload at every thread count against its fewest threads: the second core's gain.
 scale = ["", "| workload | threads | shards | rlany tokens/s | against its fewest threads | GFLOP/s |", "|---|---|---|---|---|---|"]
