@@ -21,9 +21,9 @@
 //! the row's blocks `b`. Within a block the products are summed in 16 lanes (lane `l` holds
 //! `x_l q_l + x_{l+16} q_{l+16}`), each lane scaled by `d_b` and accumulated across blocks;
 //! the lanes are added in a fixed tree at the end. Every step is a separate multiply and add
-//! (no fused multiply-add), so the AVX-512, AVX2, NEON and scalar builds that
-//! [`pulp`] dispatches to at run time give the same bits, and so does any thread count
-//! (each output is one task's). The dense product is the reference twin
+//! (no fused multiply-add), so the AVX-512, AVX2 and scalar instances (chosen at run time
+//! by [`pulp`]'s CPU detection; other CPUs than x86-64 take the scalar one) give the same
+//! bits, and so does any thread count (each output is one task's). The dense product is the reference twin
 //! ([`PackedMatrix::dequantize`] gives its weights); there is no backward: frozen weights
 //! only, and `Autodiff<B>` takes the dense path.
 
