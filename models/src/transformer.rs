@@ -289,11 +289,10 @@ fn rotary_tables<B: Backend>(
     )
 }
 
-/// `layer` (plus its LoRA adapter, if any) applied as one matrix product over all rows, by
-/// its packed blocks where the model carries them and the product is a few rows
-/// ([`crate::packed`]):
+/// `layer` (plus its LoRA adapter, if any) applied as one matrix product over all rows:
 /// Burn's `Linear` on a rank-3 input runs one small product per batch row, far slower on CPU
-/// than a single flat product.
+/// than a single flat product. The base product reads `packed` instead of the weights where
+/// it is given and serves (a few rows on a CPU backend, [`crate::packed`]).
 ///
 /// # Shapes
 /// - `x`: `[batch, seq, d_input]`
