@@ -123,6 +123,19 @@ mod tests {
             .expect("tiny.gguf")
     }
 
+    /// The fixture's config and its dense model on NdArray.
+    fn tiny_model(gguf: &GgufFile) -> (crate::TransformerConfig, Transformer<B>) {
+        let config = gguf.config(None).expect("config");
+        let model = gguf.transformer(None, &Default::default()).expect("model");
+        (config, model)
+    }
+
+    /// A `rows × cols` `Q8_0` matrix of zero blocks (every weight 0).
+    fn zeros(rows: usize, cols: usize) -> PackedMatrix {
+        let raw = vec![0u8; rows * cols / 32 * BlockFormat::Q8_0.ggml_bytes()];
+        PackedMatrix::from_ggml(BlockFormat::Q8_0, rows, cols, &raw).expect("zero blocks")
+    }
+
     #[test]
     fn the_blocks_hold_the_dense_weights_bit_for_bit() {
         let gguf = tiny();
@@ -182,10 +195,8 @@ mod tests {
 
     #[test]
     fn packed_decoding_matches_the_dense_model() {
-        let device = Default::default();
         let gguf = tiny();
-        let config = gguf.config(None).expect("config");
-        let dense: Transformer<B> = gguf.transformer(None, &device).expect("model");
+        let (config, dense) = tiny_model(&gguf);
         let packed = dense
             .clone()
             .with_packed(gguf.packed(&config).expect("packed"))
@@ -212,15 +223,10 @@ mod tests {
 
     #[test]
     fn products_of_at_most_four_rows_read_the_blocks_and_larger_ones_the_dense_weights() {
-        let device = Default::default();
-        let gguf = tiny();
-        let config = gguf.config(None).expect("config");
-        let dense: Transformer<B> = gguf.transformer(None, &device).expect("model");
+        let (config, dense) = tiny_model(&tiny());
         // Blocks of zeros for the first layer's gate: only a product that reads them changes.
         let mut zeroed = PackedWeights::new(config.n_layers);
-        let (rows, cols) = (config.ffn_hidden, config.d_model);
-        let raw = vec![0u8; rows * cols / 32 * BlockFormat::Q8_0.ggml_bytes()];
-        let matrix = PackedMatrix::from_ggml(BlockFormat::Q8_0, rows, cols, &raw).expect("zeros");
+        let matrix = zeros(config.ffn_hidden, config.d_model);
         assert!(zeroed.place("model.layers.0.mlp.gate_proj.weight", matrix, false));
         let model = dense.clone().with_packed(zeroed).expect("shapes fit");
         let vocab = config.vocab_size;
@@ -237,14 +243,13 @@ mod tests {
 
     #[test]
     fn misshapen_blocks_are_refused() {
-        let device = Default::default();
-        let gguf = tiny();
-        let config = gguf.config(None).expect("config");
-        let dense: Transformer<B> = gguf.transformer(None, &device).expect("model");
+        let (config, dense) = tiny_model(&tiny());
         let mut wrong = PackedWeights::new(config.n_layers);
-        let raw = vec![0u8; 32 * 64 / 32 * BlockFormat::Q8_0.ggml_bytes()];
-        let m = PackedMatrix::from_ggml(BlockFormat::Q8_0, 32, 64, &raw).expect("blocks");
-        assert!(wrong.place("model.layers.1.self_attn.q_proj.weight", m, false));
+        assert!(wrong.place(
+            "model.layers.1.self_attn.q_proj.weight",
+            zeros(32, 64),
+            false
+        ));
         let e = dense
             .clone()
             .with_packed(wrong)
@@ -255,7 +260,7 @@ mod tests {
             .expect_err("a layer too many");
         assert!(e.to_string().contains("3 layers"), "{e}");
         // Names without a product here have no place.
-        let m = PackedMatrix::from_ggml(BlockFormat::Q8_0, 1, 32, &[0; 34]).expect("block");
+        let m = zeros(1, 32);
         let mut p = PackedWeights::new(2);
         assert!(!p.place("model.layers.0.input_layernorm.weight", m.clone(), false));
         assert!(!p.place("model.embed_tokens.weight", m.clone(), false));
