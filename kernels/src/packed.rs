@@ -244,12 +244,15 @@ fn matmul_on(isa: Isa, x: &[f32], m: usize, w: &PackedMatrix) -> Vec<f32> {
     assert!((1..=PACKED_MAX_ROWS).contains(&m), "{m} rows");
     assert_eq!(x.len(), m * w.cols, "input length");
     let blocks = w.cols / BLOCK;
-    // Σ_j x_j of every block of every input row (the minimums' term), summed in order.
-    // Σ_j x_j of every block of every input row (the minimums' factor), summed in order.
-    let sums: Vec<f32> = x
-        .chunks_exact(BLOCK)
-        .map(|b| b.iter().fold(0.0f32, |t, &v| t + v))
-        .collect();
+    // Σ_j x_j of every block of every input row (the minimums' factor), summed in order;
+    // `Q8_0` has no minimums.
+    let sums: Vec<f32> = match w.format {
+        BlockFormat::Q4_1 => x
+            .chunks_exact(BLOCK)
+            .map(|b| b.iter().fold(0.0f32, |t, &v| t + v))
+            .collect(),
+        BlockFormat::Q8_0 => Vec::new(),
+    };
     // [rows, m]: each task fills whole output rows.
     let mut by_row = vec![0.0f32; w.rows * m];
     let task = |(c, out): (usize, &mut [f32])| {
@@ -325,9 +328,9 @@ impl Isa {
         match self {
             Isa::Scalar => by_shape!(job, job, scalar_rows),
             #[cfg(target_arch = "x86_64")]
-            Isa::V3(simd) => pulp::Simd::vectorize(simd, x86::V3Rows { simd, job }),
+            Isa::V3(simd) => pulp::Simd::vectorize(simd, x86::SimdRows { simd, job }),
             #[cfg(target_arch = "x86_64")]
-            Isa::V4(simd) => pulp::Simd::vectorize(simd, x86::V4Rows { simd, job }),
+            Isa::V4(simd) => pulp::Simd::vectorize(simd, x86::SimdRows { simd, job }),
         }
     }
 }
@@ -422,7 +425,7 @@ impl<'a> Rows<'a> {
 }
 
 /// The AVX2 and AVX-512 instances of [`Rows::scalar_rows`]: the same operations in the
-/// same order, 8 or 16 lanes per instruction.
+/// same order, 8 or 16 lanes per instruction; one row loop ([`x86::SimdRows`]) over both.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use core::arch::x86_64::{__m128i, __m256, __m512};
@@ -438,20 +441,37 @@ mod x86 {
         cast(a)
     }
 
-    pub(super) struct V4Rows<'a> {
-        pub(super) simd: V4,
+    /// What the row loop needs of an instruction set: a 16-lane accumulator (one AVX-512
+    /// register, or two AVX2 ones), zero, addition, and one block's products.
+    pub(super) trait Lanes: Copy {
+        type Acc: Copy + pulp::bytemuck::NoUninit;
+        fn zero(self) -> Self::Acc;
+        fn add(self, a: Self::Acc, b: Self::Acc) -> Self::Acc;
+        /// `d·(x_lo·q_lo + x_hi·q_hi)` of block `b` of `row`, for each of the `M` input rows.
+        fn step<const Q4: bool, const M: usize>(
+            self,
+            job: &Rows<'_>,
+            row: (&[u8], &[f32], &[f32]),
+            b: usize,
+        ) -> [Self::Acc; M];
+    }
+
+    /// A task on an instruction set's vectors: [`super::Rows::scalar_rows`]'s loop, each
+    /// block's 16 lanes in one step.
+    pub(super) struct SimdRows<'a, S> {
+        pub(super) simd: S,
         pub(super) job: Rows<'a>,
     }
 
-    impl pulp::WithSimd for V4Rows<'_> {
+    impl<S: Lanes> pulp::WithSimd for SimdRows<'_, S> {
         type Output = ();
         #[inline(always)]
-        fn with_simd<S: pulp::Simd>(self, _: S) {
+        fn with_simd<P: pulp::Simd>(self, _: P) {
             by_shape!(self.job, self, rows)
         }
     }
 
-    impl V4Rows<'_> {
+    impl<S: Lanes> SimdRows<'_, S> {
         /// One output row at a time, its blocks streamed in order. Measured on SmolLM2's
         /// single stream (Zen 4, one thread): four rows interleaved, 55–59 tokens/s, two,
         /// 64; one, 79–81; two accumulators a row (even and odd blocks), 77–78.
@@ -461,14 +481,13 @@ mod x86 {
         #[inline(always)]
         fn rows<const Q4: bool, const M: usize>(self) {
             let (s, job) = (self.simd, self.job);
-            let f = s.avx512f;
             for r in 0..job.out.len() / M {
                 let row = job.row::<Q4>(r);
-                let mut acc = [f._mm512_setzero_ps(); M];
+                let mut acc = [s.zero(); M];
                 for b in 0..job.blocks {
-                    let v = step4::<Q4, M>(s, &job, row, b);
+                    let v = s.step::<Q4, M>(&job, row, b);
                     for i in 0..M {
-                        acc[i] = f._mm512_add_ps(acc[i], v[i]);
+                        acc[i] = s.add(acc[i], v[i]);
                     }
                 }
                 for i in 0..M {
@@ -478,87 +497,115 @@ mod x86 {
         }
     }
 
-    /// `d·(x_lo·q_lo + x_hi·q_hi)` of block `b` of a row, for each input row (AVX-512).
-    #[inline(always)]
-    fn step4<const Q4: bool, const M: usize>(
-        s: V4,
-        job: &Rows<'_>,
-        (quants, scales, _): (&[u8], &[f32], &[f32]),
-        b: usize,
-    ) -> [__m512; M] {
-        let (x, cols) = (job.x, job.w.cols);
-        let (f, sse2) = (s.avx512f, s.sse2);
-        let qb = if Q4 { 16 } else { 32 };
-        let (lo, hi) = if Q4 {
-            let nibble = sse2._mm_set1_epi8(0x0f);
-            let n = bytes16(quants, b * qb);
-            let lo = sse2._mm_and_si128(n, nibble);
-            let hi = sse2._mm_and_si128(sse2._mm_srli_epi16::<4>(n), nibble);
-            (f._mm512_cvtepu8_epi32(lo), f._mm512_cvtepu8_epi32(hi))
-        } else {
-            (
-                f._mm512_cvtepi8_epi32(bytes16(quants, b * qb)),
-                f._mm512_cvtepi8_epi32(bytes16(quants, b * qb + 16)),
-            )
-        };
-        let (lo, hi) = (f._mm512_cvtepi32_ps(lo), f._mm512_cvtepi32_ps(hi));
-        let d = f._mm512_set1_ps(scales[b]);
-        let load = |v: &[f32], at: usize| -> __m512 {
-            let a: [f32; 16] = v[at..at + 16].try_into().unwrap_or_default();
-            cast(a)
-        };
-        // (`std::array::from_fn` would put the intrinsics behind a call that is not compiled
-        // for AVX-512.)
-        let mut out = [d; M];
-        for (i, o) in out.iter_mut().enumerate() {
-            let at = i * cols + b * BLOCK;
-            let p = f._mm512_add_ps(
-                f._mm512_mul_ps(load(x, at), lo),
-                f._mm512_mul_ps(load(x, at + LANES), hi),
-            );
-            *o = f._mm512_mul_ps(d, p);
-        }
-        out
-    }
-
-    pub(super) struct V3Rows<'a> {
-        pub(super) simd: V3,
-        pub(super) job: Rows<'a>,
-    }
-
-    impl pulp::WithSimd for V3Rows<'_> {
-        type Output = ();
+    impl Lanes for V4 {
+        type Acc = __m512;
         #[inline(always)]
-        fn with_simd<S: pulp::Simd>(self, _: S) {
-            by_shape!(self.job, self, rows)
+        fn zero(self) -> __m512 {
+            self.avx512f._mm512_setzero_ps()
+        }
+        #[inline(always)]
+        fn add(self, a: __m512, b: __m512) -> __m512 {
+            self.avx512f._mm512_add_ps(a, b)
+        }
+        #[inline(always)]
+        fn step<const Q4: bool, const M: usize>(
+            self,
+            job: &Rows<'_>,
+            row: (&[u8], &[f32], &[f32]),
+            b: usize,
+        ) -> [__m512; M] {
+            let (s, (quants, scales, _)) = (self, row);
+            let (x, cols) = (job.x, job.w.cols);
+            let (f, sse2) = (s.avx512f, s.sse2);
+            let qb = if Q4 { 16 } else { 32 };
+            let (lo, hi) = if Q4 {
+                let nibble = sse2._mm_set1_epi8(0x0f);
+                let n = bytes16(quants, b * qb);
+                let lo = sse2._mm_and_si128(n, nibble);
+                let hi = sse2._mm_and_si128(sse2._mm_srli_epi16::<4>(n), nibble);
+                (f._mm512_cvtepu8_epi32(lo), f._mm512_cvtepu8_epi32(hi))
+            } else {
+                (
+                    f._mm512_cvtepi8_epi32(bytes16(quants, b * qb)),
+                    f._mm512_cvtepi8_epi32(bytes16(quants, b * qb + 16)),
+                )
+            };
+            let (lo, hi) = (f._mm512_cvtepi32_ps(lo), f._mm512_cvtepi32_ps(hi));
+            let d = f._mm512_set1_ps(scales[b]);
+            let load = |v: &[f32], at: usize| -> __m512 {
+                let a: [f32; 16] = v[at..at + 16].try_into().unwrap_or_default();
+                cast(a)
+            };
+            // (`std::array::from_fn` would put the intrinsics behind a call that is not compiled
+            // for AVX-512.)
+            let mut out = [d; M];
+            for (i, o) in out.iter_mut().enumerate() {
+                let at = i * cols + b * BLOCK;
+                let p = f._mm512_add_ps(
+                    f._mm512_mul_ps(load(x, at), lo),
+                    f._mm512_mul_ps(load(x, at + LANES), hi),
+                );
+                *o = f._mm512_mul_ps(d, p);
+            }
+            out
         }
     }
 
-    impl V3Rows<'_> {
-        /// [`V4Rows::rows`] on AVX2: lanes 0..8 and 8..16 of each accumulator in two
-        /// registers.
-        // Index loops: an iterator adaptor left as a call would not be compiled for the
-        // CPU's vectors (only what inlines into `vectorize` is).
-        #[allow(clippy::needless_range_loop)]
+    impl Lanes for V3 {
+        type Acc = [__m256; 2];
         #[inline(always)]
-        fn rows<const Q4: bool, const M: usize>(self) {
-            let (s, job) = (self.simd, self.job);
-            let avx = s.avx;
-            for r in 0..job.out.len() / M {
-                let row = job.row::<Q4>(r);
-                let mut acc = [[avx._mm256_setzero_ps(); 2]; M];
-                for b in 0..job.blocks {
-                    let v = step3::<Q4, M>(s, &job, row, b);
-                    for i in 0..M {
-                        for h in 0..2 {
-                            acc[i][h] = avx._mm256_add_ps(acc[i][h], v[i][h]);
-                        }
-                    }
-                }
-                for i in 0..M {
-                    job.out[r * M + i] = job.finish::<Q4>(&cast(acc[i]), row.2, i);
+        fn zero(self) -> [__m256; 2] {
+            [self.avx._mm256_setzero_ps(); 2]
+        }
+        #[inline(always)]
+        fn add(self, a: [__m256; 2], b: [__m256; 2]) -> [__m256; 2] {
+            [
+                self.avx._mm256_add_ps(a[0], b[0]),
+                self.avx._mm256_add_ps(a[1], b[1]),
+            ]
+        }
+        #[inline(always)]
+        fn step<const Q4: bool, const M: usize>(
+            self,
+            job: &Rows<'_>,
+            row: (&[u8], &[f32], &[f32]),
+            b: usize,
+        ) -> [[__m256; 2]; M] {
+            let (s, (quants, scales, _)) = (self, row);
+            let (x, cols) = (job.x, job.w.cols);
+            let (avx, sse2) = (s.avx, s.sse2);
+            let qb = if Q4 { 16 } else { 32 };
+            let (lo, hi) = if Q4 {
+                let nibble = sse2._mm_set1_epi8(0x0f);
+                let n = bytes16(quants, b * qb);
+                let hi = sse2._mm_and_si128(sse2._mm_srli_epi16::<4>(n), nibble);
+                (
+                    widen(s, sse2._mm_and_si128(n, nibble), false),
+                    widen(s, hi, false),
+                )
+            } else {
+                (
+                    widen(s, bytes16(quants, b * qb), true),
+                    widen(s, bytes16(quants, b * qb + 16), true),
+                )
+            };
+            let d = avx._mm256_set1_ps(scales[b]);
+            let load = |v: &[f32], at: usize| -> __m256 {
+                let a: [f32; 8] = v[at..at + 8].try_into().unwrap_or_default();
+                cast(a)
+            };
+            let mut out = [[d; 2]; M];
+            for (i, o) in out.iter_mut().enumerate() {
+                let at = i * cols + b * BLOCK;
+                for (h, o) in o.iter_mut().enumerate() {
+                    let p = avx._mm256_add_ps(
+                        avx._mm256_mul_ps(load(x, at + 8 * h), lo[h]),
+                        avx._mm256_mul_ps(load(x, at + LANES + 8 * h), hi[h]),
+                    );
+                    *o = avx._mm256_mul_ps(d, p);
                 }
             }
+            out
         }
     }
 
@@ -578,50 +625,6 @@ mod x86 {
             )
         };
         [s.avx._mm256_cvtepi32_ps(a), s.avx._mm256_cvtepi32_ps(b)]
-    }
-
-    /// [`step4`] on AVX2, each 16-lane vector as two registers.
-    #[inline(always)]
-    fn step3<const Q4: bool, const M: usize>(
-        s: V3,
-        job: &Rows<'_>,
-        (quants, scales, _): (&[u8], &[f32], &[f32]),
-        b: usize,
-    ) -> [[__m256; 2]; M] {
-        let (x, cols) = (job.x, job.w.cols);
-        let (avx, sse2) = (s.avx, s.sse2);
-        let qb = if Q4 { 16 } else { 32 };
-        let (lo, hi) = if Q4 {
-            let nibble = sse2._mm_set1_epi8(0x0f);
-            let n = bytes16(quants, b * qb);
-            let hi = sse2._mm_and_si128(sse2._mm_srli_epi16::<4>(n), nibble);
-            (
-                widen(s, sse2._mm_and_si128(n, nibble), false),
-                widen(s, hi, false),
-            )
-        } else {
-            (
-                widen(s, bytes16(quants, b * qb), true),
-                widen(s, bytes16(quants, b * qb + 16), true),
-            )
-        };
-        let d = avx._mm256_set1_ps(scales[b]);
-        let load = |v: &[f32], at: usize| -> __m256 {
-            let a: [f32; 8] = v[at..at + 8].try_into().unwrap_or_default();
-            cast(a)
-        };
-        let mut out = [[d; 2]; M];
-        for (i, o) in out.iter_mut().enumerate() {
-            let at = i * cols + b * BLOCK;
-            for (h, o) in o.iter_mut().enumerate() {
-                let p = avx._mm256_add_ps(
-                    avx._mm256_mul_ps(load(x, at + 8 * h), lo[h]),
-                    avx._mm256_mul_ps(load(x, at + LANES + 8 * h), hi[h]),
-                );
-                *o = avx._mm256_mul_ps(d, p);
-            }
-        }
-        out
     }
 }
 
