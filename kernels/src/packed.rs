@@ -441,6 +441,17 @@ mod x86 {
         cast(a)
     }
 
+    /// The low and the high nibbles of a `Q4_1` block's 16 bytes at `at`, each as 16 bytes.
+    #[inline(always)]
+    fn nibbles(s: V3, quants: &[u8], at: usize) -> [__m128i; 2] {
+        let (sse2, n) = (s.sse2, bytes16(quants, at));
+        let mask = sse2._mm_set1_epi8(0x0f);
+        [
+            sse2._mm_and_si128(n, mask),
+            sse2._mm_and_si128(sse2._mm_srli_epi16::<4>(n), mask),
+        ]
+    }
+
     /// What the row loop needs of an instruction set: a 16-lane accumulator (one AVX-512
     /// register, or two AVX2 ones), zero, addition, and one block's products.
     pub(super) trait Lanes: Copy {
@@ -516,13 +527,10 @@ mod x86 {
         ) -> [__m512; M] {
             let (s, (quants, scales, _)) = (self, row);
             let (x, cols) = (job.x, job.w.cols);
-            let (f, sse2) = (s.avx512f, s.sse2);
+            let f = s.avx512f;
             let qb = if Q4 { 16 } else { 32 };
             let (lo, hi) = if Q4 {
-                let nibble = sse2._mm_set1_epi8(0x0f);
-                let n = bytes16(quants, b * qb);
-                let lo = sse2._mm_and_si128(n, nibble);
-                let hi = sse2._mm_and_si128(sse2._mm_srli_epi16::<4>(n), nibble);
+                let [lo, hi] = nibbles(*s, quants, b * qb);
                 (f._mm512_cvtepu8_epi32(lo), f._mm512_cvtepu8_epi32(hi))
             } else {
                 (
@@ -573,16 +581,11 @@ mod x86 {
         ) -> [[__m256; 2]; M] {
             let (s, (quants, scales, _)) = (self, row);
             let (x, cols) = (job.x, job.w.cols);
-            let (avx, sse2) = (s.avx, s.sse2);
+            let avx = s.avx;
             let qb = if Q4 { 16 } else { 32 };
             let (lo, hi) = if Q4 {
-                let nibble = sse2._mm_set1_epi8(0x0f);
-                let n = bytes16(quants, b * qb);
-                let hi = sse2._mm_and_si128(sse2._mm_srli_epi16::<4>(n), nibble);
-                (
-                    widen(s, sse2._mm_and_si128(n, nibble), false),
-                    widen(s, hi, false),
-                )
+                let [lo, hi] = nibbles(s, quants, b * qb);
+                (widen(s, lo, false), widen(s, hi, false))
             } else {
                 (
                     widen(s, bytes16(quants, b * qb), true),
