@@ -534,24 +534,21 @@ impl GgufFile {
     /// llama's Q/K rows put back in "rotate half" order, see the module docs).
     pub fn weights(&self, config: &TransformerConfig) -> Result<HfWeights, ModelError> {
         let permuted = self.architecture()? == "llama";
-        let head_dim = config.head_dim();
         let mut out = HfWeights::new();
         for t in &self.tensors {
             let Some(name) = hf_name(&t.name) else {
                 return Err(self.err(format!("tensor {} has no place in the model", t.name)));
             };
             let mut host = self.read_tensor(t)?;
-            if permuted {
-                if t.name.ends_with("attn_q.weight") {
-                    host = unpermute_rows(host, config.n_heads, head_dim);
-                } else if t.name.ends_with("attn_k.weight") {
-                    host = unpermute_rows(host, config.n_kv_heads, head_dim);
-                } else if t.name.ends_with("attn_q.bias") || t.name.ends_with("attn_k.bias") {
-                    return Err(self.err(format!(
-                        "tensor {}: a llama file with q/k biases is not supported",
-                        t.name
-                    )));
-                }
+            if let Some(heads) = reordered_heads(permuted, &t.name, config) {
+                host = unpermute_rows(host, heads, config.head_dim());
+            } else if permuted
+                && (t.name.ends_with("attn_q.bias") || t.name.ends_with("attn_k.bias"))
+            {
+                return Err(self.err(format!(
+                    "tensor {}: a llama file with q/k biases is not supported",
+                    t.name
+                )));
             }
             out.insert(name, host);
         }
@@ -565,7 +562,6 @@ impl GgufFile {
     /// other types are left out (their products stay dense).
     pub fn packed(&self, config: &TransformerConfig) -> Result<PackedWeights, ModelError> {
         let permuted = self.architecture()? == "llama";
-        let head_dim = config.head_dim();
         let mut out = PackedWeights::new(config.n_layers);
         for t in &self.tensors {
             let format = match t.ty {
@@ -578,11 +574,9 @@ impl GgufFile {
                 continue;
             };
             let mut raw = self.read_raw(t)?;
-            let row_bytes = cols / 32 * format.ggml_bytes();
-            if permuted && t.name.ends_with("attn_q.weight") {
-                raw = unpermute(&raw, row_bytes, config.n_heads, head_dim);
-            } else if permuted && t.name.ends_with("attn_k.weight") {
-                raw = unpermute(&raw, row_bytes, config.n_kv_heads, head_dim);
+            if let Some(heads) = reordered_heads(permuted, &t.name, config) {
+                let row_bytes = cols / 32 * format.ggml_bytes();
+                raw = unpermute(&raw, row_bytes, heads, config.head_dim());
             }
             let matrix = PackedMatrix::from_ggml(format, rows, cols, &raw)
                 .map_err(|e| self.err(format!("tensor {}: {e}", t.name)))?;
@@ -704,6 +698,20 @@ fn hf_name(gguf: &str) -> Option<String> {
         _ => return None,
     };
     Some(format!("model.layers.{layer}.{hf}.{leaf}"))
+}
+
+/// The heads of tensor `name` when its rows need [`unpermute_rows`]: the query and key
+/// weights of a `permuted` (llama) file.
+fn reordered_heads(permuted: bool, name: &str, config: &TransformerConfig) -> Option<usize> {
+    if !permuted {
+        None
+    } else if name.ends_with("attn_q.weight") {
+        Some(config.n_heads)
+    } else if name.ends_with("attn_k.weight") {
+        Some(config.n_kv_heads)
+    } else {
+        None
+    }
 }
 
 /// Puts llama.cpp's interleaved rotary rows back in "rotate half" order: within each head,
