@@ -63,8 +63,8 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 1)]
     pub shards: usize,
     /// Decode with the dense f32 weights only. By default a GGUF file's quantized
-    /// projections (`Q4_1`, `Q8_0`) are also kept as its blocks, and steps of at most four
-    /// rows multiply by them on a CPU backend (rlany_models::packed: ≈ 1/5 of the memory
+    /// projections (`Q4_1`, `Q8_0`) are also kept as its blocks on a CPU backend, and steps of
+    /// at most four rows multiply by them (rlany_models::packed: ≈ 1/5 of the memory
     /// traffic per token; the same weights, summed in another order).
     #[arg(long)]
     pub dense: bool,
@@ -110,7 +110,9 @@ fn generate_on<B: AttentionOps>(args: &GenerateArgs, device: &B::Device) -> Resu
     let started = Instant::now();
     let mut p = load_pretrained::<B>(&args.model, Some(args.max_seq_len), device)
         .with_context(|| format!("loading {}", args.model.display()))?;
+    // Blocks only where this backend reads them (the CPU backends).
     if !args.dense
+        && rlany_kernels::packed_matmul_supported::<B>(device)
         && let Some(packed) = packed_weights(&args.model, p.model.config())
             .with_context(|| format!("reading the blocks of {}", args.model.display()))?
     {

@@ -34,7 +34,9 @@ pub mod rotary;
 pub use attention::{AttentionOps, grouped_attention, reference_grouped_attention};
 pub use fused::KernelChoice;
 pub use ops::{AutodiffLogProbOps, KlStats, LogProbOps};
-pub use packed::{BlockFormat, PACKED_MAX_ROWS, PackedError, PackedMatrix, packed_matmul};
+pub use packed::{
+    BlockFormat, PACKED_MAX_ROWS, PackedError, PackedMatrix, packed_matmul, packed_matmul_supported,
+};
 pub use reference::{kl_full, token_logprobs};
 pub use rotary::{reference_rotary, rotary};
 

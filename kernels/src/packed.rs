@@ -213,6 +213,16 @@ pub fn packed_matmul<B: AttentionOps>(x: &Tensor<B, 2>, w: &PackedMatrix) -> Opt
     B::packed_matmul(into_prim(x.clone()), w).map(float)
 }
 
+/// Whether `B` multiplies by packed blocks at all ([`AttentionOps::packed_matmul`] answers
+/// for one row of one zero block): the CPU backends do, the GPU backends and `Autodiff` do
+/// not, and a caller need not keep blocks that would never be read.
+pub fn packed_matmul_supported<B: AttentionOps>(device: &B::Device) -> bool {
+    let Ok(w) = PackedMatrix::from_ggml(BlockFormat::Q8_0, 1, BLOCK, &[0; 34]) else {
+        return false;
+    };
+    packed_matmul(&Tensor::<B, 2>::zeros([1, BLOCK], device), &w).is_some()
+}
+
 /// [`AttentionOps::packed_matmul`] for a CPU backend: the input read to the host, multiplied
 /// by [`packed_matmul_host`], the output written back. `x` is as [`packed_matmul`] checked.
 pub(crate) fn packed_matmul_via_host<B: Backend>(
@@ -804,6 +814,10 @@ mod tests {
         assert!(packed_matmul(&narrow, &w).is_none());
         let tracked = Tensor::<burn::backend::Autodiff<B>, 2>::zeros([1, cols], &device);
         assert!(packed_matmul(&tracked, &w).is_none());
+        assert!(packed_matmul_supported::<B>(&device));
+        assert!(!packed_matmul_supported::<burn::backend::Autodiff<B>>(
+            &device
+        ));
     }
 
     #[test]
