@@ -10,6 +10,7 @@ pub mod device;
 pub mod distributed;
 mod envcmd;
 mod generate;
+mod judgefit;
 #[cfg(feature = "distributed")]
 mod mpi;
 pub mod overrides;
@@ -142,6 +143,14 @@ enum Command {
         #[command(flatten)]
         args: generate::GenerateArgs,
     },
+    /// The judge's learnability apart from RL: its warm start (the run's own labels, prompt,
+    /// model and fit) for a grid of label counts × label noises × seeds, measured on held-out
+    /// steps by kind and on its own labels at every point of the fit; writes one JSON per cell
+    /// and a report with learning curves.
+    JudgeFit {
+        #[command(flatten)]
+        args: judgefit::JudgeFitArgs,
+    },
     /// Validate experiment files without running them; print the resolved experiment.
     Check {
         /// Experiment files.
@@ -201,6 +210,7 @@ fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Bench { args } => bench::run(args),
         Command::Env { args } => envcmd::run(&args),
+        Command::JudgeFit { args } => judgefit::run(&args),
         Command::Generate { args } => generate::run(&args),
         Command::Report { paths, out, bench } => {
             let out = match (out, paths.first(), bench.first()) {
@@ -669,6 +679,21 @@ fn run_seed<B: rlany_kernels::AutodiffLogProbOps>(
     if opts.resume {
         check_bases(exp, &opts.run_dir)?;
     }
+    with_parts::<B, _>(exp, seed, device, |parts| {
+        Ok(train::<B, Transformer<B>, _, _>(
+            exp, seed, parts, device, opts,
+        )?)
+    })
+}
+
+/// The components of `exp` for `seed` (environment, tokenizer, fresh policy and judge,
+/// proposer), handed to `f`.
+pub(crate) fn with_parts<B: rlany_kernels::AutodiffLogProbOps, R>(
+    exp: &Experiment,
+    seed: u64,
+    device: &B::Device,
+    f: impl FnOnce(Components<'_, Transformer<B>>) -> Result<R>,
+) -> Result<R> {
     let env = build_environment(exp)?;
     // A judge that starts from the policy's pretrained file shares its weights in memory
     // (loaded once, at the longer of the two contexts; Burn's tensors are reference-counted,
@@ -738,9 +763,7 @@ fn run_seed<B: rlany_kernels::AutodiffLogProbOps>(
         judge,
         proposer: build_proposer(exp, env.difficulty_space().len()),
     };
-    Ok(train::<B, Transformer<B>, _, _>(
-        exp, seed, parts, device, opts,
-    )?)
+    f(parts)
 }
 
 /// One line per finished run.

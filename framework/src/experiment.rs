@@ -666,6 +666,24 @@ pub struct JudgeWarmStart {
     /// that solves nothing at step 0 gives `Policy` no step labelled right to learn from.
     #[serde(skip_serializing_if = "LabelSource::is_policy")]
     pub source: LabelSource,
+    /// The share of the labelled steps held out as a validation split (the last ones, whole
+    /// episodes): the judge is measured on it every `eval_every` steps and the checkpoint with
+    /// the best balanced accuracy there is kept. In `[0, 0.9]`; `0` trains on every label and
+    /// keeps the last checkpoint.
+    pub validation: f64,
+    /// Optimiser steps between two measurements on the validation split; `0`: a tenth of
+    /// `steps` (rounded up), so eleven measurements in all.
+    pub eval_every: usize,
+}
+
+impl JudgeWarmStart {
+    /// Optimiser steps between two measurements on the validation split (never 0).
+    pub fn eval_interval(&self) -> usize {
+        match self.eval_every {
+            0 => self.steps.div_ceil(10).max(1),
+            n => n,
+        }
+    }
 }
 
 /// Whose steps the judge's warm start labels (see [`JudgeWarmStart::source`]).
@@ -694,6 +712,8 @@ impl Default for JudgeWarmStart {
             lr: 3e-3,
             balanced: false,
             source: LabelSource::Policy,
+            validation: 0.2,
+            eval_every: 0,
         }
     }
 }
@@ -1038,6 +1058,8 @@ impl<E: EnvironmentChoice, A: AdaptationChoice> Experiment<E, A> {
             count("judge.warm_start.steps", w.steps, 0, MAX_COUNT)?;
             count("judge.warm_start.batch", w.batch, 1, 65_536)?;
             positive("judge.warm_start.lr", w.lr, 1.0)?;
+            real("judge.warm_start.validation", w.validation, 0.0, 0.9)?;
+            count("judge.warm_start.eval_every", w.eval_every, 0, MAX_COUNT)?;
             real("judge.temperature", j.temperature, 0.0, 100.0)?;
             positive("judge.lr", j.lr, 1.0)?;
         }

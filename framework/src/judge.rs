@@ -167,11 +167,9 @@ pub fn judge_steps<B: Backend, M: CausalLm<B>>(
     Ok(judged)
 }
 
-/// Fills each judged step's `voting.votes` tokens and verdicts. With `shards > 1` each pass's
-/// prompts are split into that many groups whose logits are computed on their own threads;
-/// a row's logits do not depend on the rows beside it, and the votes are drawn afterwards
-/// in prompt order, so the verdicts are those of one thread. Spread over a placement's peers,
-/// each computes its groups' logits and every peer draws every vote.
+/// Fills each judged step's `voting.votes` tokens and verdicts. The logits come from
+/// [`for_each_logits`]; the votes are drawn afterwards in prompt order, so the verdicts are
+/// those of one thread whatever the shards, and every peer of a placement draws every vote.
 fn cast_votes<B: Backend, M: CausalLm<B>>(
     judge: &M,
     tok: &dyn Tokenizer,
@@ -187,38 +185,58 @@ fn cast_votes<B: Backend, M: CausalLm<B>>(
     // A verdict is one token: the m votes are m draws from the same next-token distribution,
     // so each prompt is run through the judge once (not once per vote); the draws use the
     // models' own sampler, one uniform per vote.
+    let mut sampler = Sampler::default();
+    let prompts: Vec<&[u32]> = judged.iter().map(|j| j.prompt.as_slice()).collect();
+    let mut rows_of = Vec::with_capacity(judged.len());
+    for_each_logits(judge, tok, &prompts, spread, |_, rows| {
+        rows_of.push(
+            rows.iter()
+                .map(|row| {
+                    (0..votes)
+                        .map(|_| sampler.sample(row, temperature, 1.0, rng).0)
+                        .collect::<Vec<u32>>()
+                })
+                .collect::<Vec<_>>(),
+        );
+    })?;
+    for (j, tokens) in judged.iter_mut().zip(rows_of.into_iter().flatten()) {
+        j.verdicts = tokens.iter().map(|&t| parse_verdict(tok, t)).collect();
+        j.tokens = tokens;
+    }
+    Ok(())
+}
+
+/// Runs `prompts` through `judge` in passes of a bounded size and hands each pass's
+/// next-token logits to `f(first prompt index, rows)`, in prompt order. With `shards > 1` a
+/// pass's prompts are split into that many groups whose logits are computed at once; a row's
+/// logits do not depend on the rows beside it. Spread over a placement's peers, each computes
+/// its groups' logits and every peer receives every row.
+pub fn for_each_logits<B: Backend, M: CausalLm<B>>(
+    judge: &M,
+    tok: &dyn Tokenizer,
+    prompts: &[&[u32]],
+    spread: &Spread,
+    mut f: impl FnMut(usize, &[Vec<f32>]),
+) -> Result<(), PlacementError> {
     let Some(device) = judge.devices().into_iter().next() else {
         return Ok(());
     };
-    let mut sampler = Sampler::default();
     // Rows per pass: VOTE_BATCH, fewer when prompts are long (activations grow with
-    // rows × length; a row's logits do not depend on the rows beside it).
-    let longest = judged
-        .iter()
-        .map(|j| j.prompt.len())
-        .max()
-        .unwrap_or(1)
-        .max(1);
+    // rows × length).
+    let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(1).max(1);
     let rows = (VOTE_TOKENS / longest).clamp(1, VOTE_BATCH);
-    for chunk in judged.chunks_mut(rows) {
-        let prompts: Vec<&[u32]> = chunk.iter().map(|j| j.prompt.as_slice()).collect();
-        let groups: Vec<_> = crate::shard::ranges(prompts.len(), spread.shards)
+    for (c, chunk) in prompts.chunks(rows).enumerate() {
+        let groups: Vec<_> = crate::shard::ranges(chunk.len(), spread.shards)
             .into_iter()
-            .map(|r| (judge.clone(), &prompts[r]))
+            .map(|r| (judge.clone(), &chunk[r]))
             .collect();
-        let rows = crate::shard::map_placed_rows(
+        let logits = crate::shard::map_placed_rows(
             &spread.placement,
             groups,
             "judge logits",
             |(model, group)| last_logits(&model, group, tok.pad(), &device),
         )?;
-        for (j, row) in chunk.iter_mut().zip(rows) {
-            for _ in 0..votes {
-                let (token, _) = sampler.sample(&row, temperature, 1.0, rng);
-                j.tokens.push(token);
-                j.verdicts.push(parse_verdict(tok, token));
-            }
-        }
+        f(c * rows, &logits);
     }
     Ok(())
 }
@@ -273,9 +291,24 @@ pub struct LabelSpec {
     pub max_env_steps: usize,
 }
 
-/// Oracle-labelled judge examples for the judge's warm start: `(prompt tokens, label)` for
-/// `spec.n` steps of `policy`'s own rollouts (sampled with `params`, random difficulties),
-/// each label flipped with probability `spec.label_noise`.
+/// One labelled example of the judge's supervised fit: its prompt, the label it is trained
+/// on (the oracle's, flipped when label noise struck) and what is known only to a study of
+/// the fit — the oracle's own label and the environment's kind of step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LabelledStep {
+    /// BOS + the judge's prompt tokens.
+    pub prompt: Vec<u32>,
+    /// The label the judge is trained on.
+    pub label: bool,
+    /// The oracle's label (`label` unless noise flipped it).
+    pub oracle: bool,
+    /// [`crate::StepResult::kind`] (empty when not classified).
+    pub kind: String,
+}
+
+/// Oracle-labelled judge examples for the judge's warm start: `spec.n` steps of `policy`'s
+/// own rollouts (sampled with `params`, random difficulties) in episode order, each label
+/// flipped with probability `spec.label_noise`.
 pub fn labelled_steps<B: Backend, P: CausalLm<B>>(
     policy: &P,
     env: &dyn Environment,
@@ -283,7 +316,7 @@ pub fn labelled_steps<B: Backend, P: CausalLm<B>>(
     spec: &LabelSpec,
     params: &SampleParams,
     rng: &mut Rng,
-) -> Vec<(Vec<u32>, bool)> {
+) -> Vec<LabelledStep> {
     let LabelSpec {
         n,
         label_noise,
@@ -308,8 +341,13 @@ pub fn labelled_steps<B: Backend, P: CausalLm<B>>(
         for t in &trajs {
             for i in 0..t.steps.len() {
                 if out.len() < n {
-                    let label = t.steps[i].oracle ^ rng.bernoulli(label_noise);
-                    out.push((encode_prompt(tok, t, i, &layout), label));
+                    let oracle = t.steps[i].oracle;
+                    out.push(LabelledStep {
+                        prompt: encode_prompt(tok, t, i, &layout),
+                        label: oracle ^ rng.bernoulli(label_noise),
+                        oracle,
+                        kind: t.steps[i].kind.clone(),
+                    });
                 }
             }
         }

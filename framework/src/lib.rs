@@ -16,6 +16,7 @@ pub mod eval;
 pub mod experiment;
 pub mod host_group;
 pub mod judge;
+pub mod judge_fit;
 pub mod lm;
 pub mod placement;
 pub mod plugin;

@@ -101,7 +101,7 @@ where
                 demo_tokens(tok, env, &d, spec.noise, rng.next_u64())
             })
             .collect()
-    })
+    }, |_, _, _| Ok(()))
 }
 
 /// One demonstration's difficulty: each of the `dims` axes uniform in `range`.
@@ -114,13 +114,15 @@ fn demo_difficulty(dims: usize, range: (f64, f64), rng: &mut Rng) -> Vec<f64> {
 
 /// Supervised fine-tuning: `steps` AdamW steps (learning rate decaying linearly to 10%) of
 /// mean cross-entropy over the target tokens of the batches `next_batch(step)` returns —
-/// `(tokens, is_target)` pairs. Returns the model and the last loss.
+/// `(tokens, is_target)` pairs; `after_step(steps done, model, loss)` is called after every
+/// step (a fit measures its model there). Returns the model and the last loss.
 pub fn supervised<B, M>(
     mut model: M,
     tok: &dyn Tokenizer,
     opts: &SftOptions,
     device: &B::Device,
     mut next_batch: impl FnMut(usize) -> Vec<(Vec<u32>, Vec<bool>)>,
+    mut after_step: impl FnMut(usize, &M, f64) -> Result<(), UpdateError>,
 ) -> Result<(M, f64), UpdateError>
 where
     B: AutodiffLogProbOps,
@@ -172,6 +174,7 @@ where
         (model, _) = optim::apply(model, &mut optim, grads, lr_now, max_grad_norm);
         pb.set_message(format!("loss {last:.3}"));
         pb.inc(1);
+        after_step(step + 1, &model, last)?;
     }
     pb.finish_and_clear();
     Ok((model, last))

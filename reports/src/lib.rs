@@ -28,6 +28,7 @@ mod error;
 mod figures;
 mod glyphs;
 pub mod grid;
+pub mod learnability;
 mod plot;
 mod regime;
 pub mod runs;

@@ -1427,7 +1427,7 @@ fn shards_compute_what_one_batch_does() {
             },
         };
         let (m, loss) =
-            supervised(model.clone(), &tok, &opts, &device, |_| examples.clone()).expect("finite");
+            supervised(model.clone(), &tok, &opts, &device, |_| examples.clone(), |_, _, _| Ok(())).expect("finite");
         (flat_params(&m), loss)
     };
     let ((w1, l1), (w3, l3)) = (sft(1), sft(3));

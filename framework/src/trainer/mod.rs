@@ -27,6 +27,7 @@ use crate::experiment::{
     Budget, Experiment, JudgeSpec, KlTarget, LabelSource, PpoSpec, RewardSpec, Sampling, WarmStart,
 };
 use crate::judge::{self, Voting};
+use crate::judge_fit;
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
 use crate::placement::{Placement, PlacementError, checksum};
 use crate::plugin::{AdaptationChoice, EnvironmentChoice};
@@ -39,7 +40,7 @@ use crate::shard::Spread;
 use crate::step::{self, StepBatch};
 use crate::synthetic_judge::SyntheticJudge;
 use crate::warmcache::{self, WarmCache};
-use crate::warmstart::{SftOptions, supervised, warm_start};
+use crate::warmstart::{SftOptions, warm_start};
 use burn::module::AutodiffModule;
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig};
@@ -50,9 +51,12 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 mod evaluation;
+mod learnability;
 #[cfg(test)]
 mod tests;
 mod warm;
+
+pub use learnability::{CellResult, LearnCell, judge_learnability};
 
 /// Why a run stopped early.
 #[derive(Debug, thiserror::Error)]
@@ -220,13 +224,7 @@ where
     E: EnvironmentChoice,
     A: AdaptationChoice,
 {
-    let mut settings = Settings::of(exp);
-    // An environment whose code lives outside the experiment file names its version: a
-    // changed environment misses the warm-start cache (other environments' keys unchanged).
-    if let Some(id) = parts.env.identity() {
-        settings.warm_policy_inputs["environment_identity"] = id.clone().into();
-        settings.warm_judge_inputs["policy"]["environment_identity"] = id.into();
-    }
+    let settings = Settings::for_env(exp, parts.env);
     let mut run = if opts.resume {
         Run::resume(settings, seed, parts, device, opts)?
     } else {
@@ -295,6 +293,21 @@ fn json<T: Serialize>(v: &T) -> serde_json::Value {
 }
 
 impl Settings {
+    /// The settings of `exp` run on `env`: an environment whose code lives outside the
+    /// experiment file names its version, so a changed environment misses the warm-start
+    /// cache (other environments' keys unchanged).
+    fn for_env<E: EnvironmentChoice, A: AdaptationChoice>(
+        exp: &Experiment<E, A>,
+        env: &dyn Environment,
+    ) -> Self {
+        let mut settings = Settings::of(exp);
+        if let Some(id) = env.identity() {
+            settings.warm_policy_inputs["environment_identity"] = id.clone().into();
+            settings.warm_judge_inputs["policy"]["environment_identity"] = id.into();
+        }
+        settings
+    }
+
     fn of<E: EnvironmentChoice, A: AdaptationChoice>(exp: &Experiment<E, A>) -> Self {
         let proposer = exp.adaptation.plugin();
         let environment = warmcache::without_fields(

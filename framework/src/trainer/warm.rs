@@ -29,44 +29,8 @@ where
             .then_some(opts.warm_cache.as_ref())
             .flatten()
             .map(WarmCache::new);
-        let inputs = seeded(&cfg.warm_policy_inputs, seed);
-        let (policy, metrics, hit) = through_cache(
-            cache.as_ref(),
-            &inputs,
-            parts.policy.clone(),
-            device,
-            |fresh| {
-                let sft = SftOptions {
-                    steps: cfg.warm_start.steps,
-                    lr: cfg.warm_start.lr,
-                    max_grad_norm: cfg.ppo.max_grad_norm,
-                    label: "warm start",
-                    progress: opts.progress,
-                    kernels: cfg.kernels,
-                    spread: Spread {
-                        shards: cfg.shards,
-                        placement: opts.placement.clone(),
-                    },
-                };
-                let (policy, loss) = warm_start(
-                    fresh,
-                    parts.env,
-                    parts.tok,
-                    &cfg.warm_start,
-                    &sft,
-                    &mut Rng::derive(seed, "warm-start"),
-                    device,
-                )
-                .map_err(non_finite(0, "policy warm-start"))?;
-                // A faulted environment's demonstrations are not cached.
-                env_ok(parts.env, 0)?;
-                let mut metrics = WarmMetrics::new();
-                if loss.is_finite() {
-                    metrics.insert("warm/policy_loss".to_string(), loss);
-                }
-                Ok((policy, metrics))
-            },
-        )?;
+        let (policy, metrics, hit) =
+            Self::warm_policy(&cfg, seed, &parts, device, opts, cache.as_ref())?;
         metrics.iter().for_each(|(k, v)| m.set(k, *v));
         let fresh_judge = parts.judge.take();
         parts.policy = policy;
@@ -106,32 +70,109 @@ where
         Ok(run)
     }
 
-    /// The judge's warm start: supervised on oracle-labelled steps (with label noise) of the
-    /// warm-started policy's own rollouts. Returns the judge and its `warm/*` metrics.
+    /// The policy's warm start for `seed`, from `cache` when an identical one was stored
+    /// there: the model, its `warm/*` metrics and whether it came from the cache.
+    pub(super) fn warm_policy(
+        cfg: &Settings,
+        seed: u64,
+        parts: &Components<'a, M>,
+        device: &B::Device,
+        opts: &TrainOptions,
+        cache: Option<&WarmCache>,
+    ) -> Result<(M, WarmMetrics, bool), TrainError> {
+        let inputs = seeded(&cfg.warm_policy_inputs, seed);
+        through_cache(cache, &inputs, parts.policy.clone(), device, |fresh| {
+            let sft = SftOptions {
+                steps: cfg.warm_start.steps,
+                lr: cfg.warm_start.lr,
+                max_grad_norm: cfg.ppo.max_grad_norm,
+                label: "warm start",
+                progress: opts.progress,
+                kernels: cfg.kernels,
+                spread: Spread {
+                    shards: cfg.shards,
+                    placement: opts.placement.clone(),
+                },
+            };
+            let (policy, loss) = warm_start(
+                fresh,
+                parts.env,
+                parts.tok,
+                &cfg.warm_start,
+                &sft,
+                &mut Rng::derive(seed, "warm-start"),
+                device,
+            )
+            .map_err(non_finite(0, "policy warm-start"))?;
+            // A faulted environment's demonstrations are not cached.
+            env_ok(parts.env, 0)?;
+            let mut metrics = WarmMetrics::new();
+            if loss.is_finite() {
+                metrics.insert("warm/policy_loss".to_string(), loss);
+            }
+            Ok((policy, metrics))
+        })
+    }
+
+    /// The judge's warm start: a supervised fit (`judge_fit`) on oracle-labelled steps (with
+    /// label noise) of the warm-started policy's own rollouts, the best checkpoint on a
+    /// held-out validation split kept. Returns the judge and its `warm/*` metrics.
     pub(super) fn warm_start_judge(&self, judge: M) -> Result<(M, WarmMetrics), TrainError> {
         let mut m = WarmMetrics::new();
         let Some(spec) = self.cfg.judge.model() else {
             return Ok((judge, m));
         };
-        let ws = &spec.warm_start;
         let mut rng = Rng::derive(self.seed, "judge-warm-start");
+        let labelled = self.judge_labels(judge.max_seq_len(), &mut rng);
+        m.insert("warm/judge_labels".into(), labelled.len() as f64);
+        m.insert(
+            "warm/judge_pos_rate".into(),
+            labelled.iter().filter(|s| s.label).count() as f64 / labelled.len().max(1) as f64,
+        );
+        let (train, val) = judge_fit::split_validation(labelled, spec.warm_start.validation);
+        m.insert("warm/judge_val_labels".into(), val.len() as f64);
+        let fit = self.fit_judge(judge, &train, &val, &mut rng, &mut |_| Ok(BTreeMap::new()))?;
+        if fit.loss.is_finite() {
+            m.insert("warm/judge_loss".into(), fit.loss);
+        }
+        if let Some(acc) = fit.best().and_then(|p| p.val_bal_acc) {
+            m.insert("warm/judge_val_bal_acc".into(), acc);
+            m.insert("warm/judge_best_step".into(), fit.best_step as f64);
+        }
+        // The validation curve, one key per measurement (`warm/judge_val_curve/<step>`).
+        for p in &fit.points {
+            if let Some(acc) = p.val_bal_acc {
+                m.insert(format!("warm/judge_val_curve/{:06}", p.step), acc);
+            }
+        }
+        Ok((fit.model, m))
+    }
+
+    /// The judge's warm-start labels, `judge.warm_start.labels` of them, drawn with `rng`
+    /// (the warm start's own stream): the policy's rollouts or the flawed expert's, as the
+    /// experiment says, each label flipped with probability `label_noise`, in episode order.
+    pub(super) fn judge_labels(&self, max_len: usize, rng: &mut Rng) -> Vec<judge::LabelledStep> {
+        let Some(spec) = self.cfg.judge.model() else {
+            return Vec::new();
+        };
+        let ws = &spec.warm_start;
         let labels = judge::LabelSpec {
             n: ws.labels,
             label_noise: ws.label_noise,
             layout: judge::PromptLayout {
-                max_len: judge.max_seq_len(),
+                max_len,
                 history: spec.history,
             },
             max_env_steps: self.cfg.budget.max_env_steps,
         };
-        let pool = match ws.source {
+        match ws.source {
             LabelSource::Policy => judge::labelled_steps(
                 &self.policy.valid(),
                 self.env,
                 self.tok,
                 &labels,
                 &self.params,
-                &mut rng,
+                rng,
             ),
             // Other tasks than the evaluation pool's: its seed is derived apart.
             LabelSource::Expert => judge::labelled_pool(
@@ -143,57 +184,54 @@ where
                 rng.next_u64(),
             )
             .into_iter()
-            .map(|p| (p.prompt, p.label ^ rng.bernoulli(labels.label_noise)))
-            .collect(),
-        };
-        m.insert("warm/judge_labels".into(), pool.len() as f64);
-        m.insert(
-            "warm/judge_pos_rate".into(),
-            pool.iter().filter(|(_, l)| *l).count() as f64 / pool.len().max(1) as f64,
-        );
-        let examples: Vec<(Vec<u32>, Vec<bool>)> = pool
-            .iter()
-            .map(|(prompt, label)| {
-                let mut ids = prompt.clone();
-                ids.push(judge::verdict_token(self.tok, *label));
-                let mut target = vec![false; prompt.len()];
-                target.push(true);
-                (ids, target)
+            .map(|p| judge::LabelledStep {
+                label: p.label ^ rng.bernoulli(labels.label_noise),
+                oracle: p.label,
+                prompt: p.prompt,
+                kind: p.kind,
             })
-            .collect();
-        let sft = SftOptions {
-            steps: ws.steps,
-            lr: ws.lr,
-            max_grad_norm: self.cfg.ppo.max_grad_norm,
-            label: "judge warm",
-            progress: self.opts.progress,
-            kernels: self.cfg.kernels,
-            spread: self.spread.clone(),
-        };
-        // Class-balanced batches alternate a right-labelled and a wrong-labelled example
-        // (when both classes exist); otherwise examples are drawn uniformly.
-        let by_class: [Vec<usize>; 2] =
-            [false, true].map(|class| (0..pool.len()).filter(|&i| pool[i].1 == class).collect());
-        let balanced = ws.balanced && by_class.iter().all(|c| !c.is_empty());
-        let (judge, loss) = supervised(judge, self.tok, &sft, self.device, |_| {
-            (0..ws.batch.min(examples.len()))
-                .map(|k| {
-                    let i = if balanced {
-                        let class = &by_class[k % 2];
-                        class[rng.below(class.len())]
-                    } else {
-                        rng.below(examples.len())
-                    };
-                    examples[i].clone()
-                })
-                .collect()
-        })
-        .map_err(non_finite(0, "judge warm-start"))?;
-        env_ok(self.env, 0)?;
-        if loss.is_finite() {
-            m.insert("warm/judge_loss".into(), loss);
+            .collect(),
         }
-        Ok((judge, m))
+    }
+
+    /// The judge's supervised fit on `train`, measured on `val` (and by `probe`) as the
+    /// experiment's `judge.warm_start` says; batches drawn with `rng`.
+    pub(super) fn fit_judge(
+        &self,
+        judge: M,
+        train: &[judge::LabelledStep],
+        val: &[judge::LabelledStep],
+        rng: &mut Rng,
+        probe: &mut judge_fit::Probe<'_, M::InnerModule>,
+    ) -> Result<judge_fit::Fit<M>, TrainError> {
+        let Some(spec) = self.cfg.judge.model() else {
+            let points = Vec::new();
+            return Ok(judge_fit::Fit {
+                model: judge,
+                best_step: 0,
+                points,
+                loss: f64::NAN,
+            });
+        };
+        let ws = &spec.warm_start;
+        let fit_spec = judge_fit::FitSpec {
+            sft: SftOptions {
+                steps: ws.steps,
+                lr: ws.lr,
+                max_grad_norm: self.cfg.ppo.max_grad_norm,
+                label: "judge warm",
+                progress: self.opts.progress,
+                kernels: self.cfg.kernels,
+                spread: self.spread.clone(),
+            },
+            batch: ws.batch,
+            balanced: ws.balanced,
+            eval_every: ws.eval_interval(),
+        };
+        let fit = judge_fit::fit(judge, self.tok, train, val, &fit_spec, rng, self.device, probe)
+            .map_err(non_finite(0, "judge warm-start"))?;
+        env_ok(self.env, 0)?;
+        Ok(fit)
     }
 
     /// A resumed run: everything restored from the latest checkpoint.
