@@ -379,6 +379,107 @@ mod tests {
         assert!(VerdictProbs::of(&[1.0, 1.0], 0, 1, 1.0).logit_right(false));
     }
 
+    /// Verdicts `+`/`-` as the bigram's `L`/`R` ids, digits as theirs.
+    struct Verdicts;
+
+    impl Tokenizer for Verdicts {
+        fn encode(&self, text: &str) -> Vec<u32> {
+            text.chars()
+                .map(|c| match c {
+                    '+' => crate::testing::L,
+                    '-' => crate::testing::R,
+                    d @ '0'..='9' => 5 + d as u32 - '0' as u32,
+                    _ => crate::testing::EOS,
+                })
+                .collect()
+        }
+        fn decode(&self, ids: &[u32]) -> String {
+            crate::testing::Letters.decode(ids)
+        }
+        fn vocab_size(&self) -> usize {
+            crate::testing::V
+        }
+        fn bos(&self) -> u32 {
+            crate::testing::BOS
+        }
+        fn eos(&self) -> u32 {
+            crate::testing::EOS
+        }
+        fn pad(&self) -> u32 {
+            crate::testing::EOS
+        }
+    }
+
+    /// A judge right on its validation split from the start, trained on the opposite labels:
+    /// every step makes it worse there, so the fit must hand back an early checkpoint (the
+    /// best measured), not the last one; without a validation split it hands back the last.
+    #[test]
+    fn the_fit_keeps_the_best_checkpoint_on_the_validation_split() {
+        use crate::testing::{BOS, Bigram, L, R};
+        use burn::backend::{Autodiff, NdArray};
+        type B = Autodiff<NdArray<f32>>;
+        let dev = Default::default();
+        let (x, y) = (5u32, 6u32); // the digits 0 and 1
+        let at = |t: u32, label: bool| LabelledStep {
+            prompt: vec![BOS, t],
+            label,
+            oracle: label,
+            kind: String::new(),
+        };
+        // Right after x is `+`, after y `-`: the initial judge reads both right.
+        let val = vec![at(x, true), at(y, false)];
+        let train = vec![at(x, false), at(y, true)];
+        let judge = || Bigram::<B>::preferring(&[(x, L), (y, R)], 2.0, &dev);
+        let spec = FitSpec {
+            sft: SftOptions {
+                steps: 12,
+                lr: 0.5,
+                max_grad_norm: 100.0,
+                label: "test",
+                progress: false,
+                kernels: rlany_kernels::KernelChoice::Reference,
+                spread: Spread::default(),
+            },
+            batch: 2,
+            balanced: true,
+            eval_every: 1,
+        };
+        let mut none = |_: &Bigram<NdArray<f32>>| Ok(BTreeMap::new());
+        let fit = fit(judge(), &Verdicts, &train, &val, &spec, &mut Rng::new(1), &dev, &mut none)
+            .expect("finite");
+        assert_eq!(fit.points.len(), 13, "before the first step and after each of 12");
+        let accs: Vec<f64> = fit.points.iter().filter_map(|p| p.val_bal_acc).collect();
+        assert_eq!(accs[0], 1.0);
+        assert_eq!(*accs.last().expect("points"), 0.0, "{accs:?}");
+        // The latest trained checkpoint still at the best accuracy, 1.0.
+        let best = accs.iter().skip(1).cloned().fold(f64::MIN, f64::max);
+        assert_eq!(best, 1.0, "{accs:?}");
+        let expected = accs.iter().rposition(|&a| a == best).expect("best");
+        assert_eq!(fit.best_step, expected);
+        assert!(fit.best_step > 0 && fit.best_step < 12);
+        // The model handed back is that checkpoint: right on both validation steps again.
+        let probs = verdict_probs(&fit.model.valid(), &Verdicts, &val, 0.0, &Spread::default())
+            .expect("local");
+        assert!(val.iter().zip(&probs).all(|(s, p)| p.logit_right(s.label)));
+        // Without a validation split: no selection, the last checkpoint (wrong on both).
+        let fit = fit_last(judge(), &train, &spec);
+        assert_eq!(fit.best_step, 12);
+        assert!(fit.points.iter().all(|p| p.val_bal_acc.is_none()));
+        let probs = verdict_probs(&fit.model.valid(), &Verdicts, &val, 0.0, &Spread::default())
+            .expect("local");
+        assert!(val.iter().zip(&probs).all(|(s, p)| !p.logit_right(s.label)));
+
+        fn fit_last(
+            judge: Bigram<B>,
+            train: &[LabelledStep],
+            spec: &FitSpec,
+        ) -> Fit<Bigram<B>> {
+            let mut none = |_: &Bigram<NdArray<f32>>| Ok(BTreeMap::new());
+            super::fit(judge, &Verdicts, train, &[], spec, &mut Rng::new(1), &Default::default(), &mut none)
+                .expect("finite")
+        }
+    }
+
     #[test]
     fn expected_quality_averages_chances_by_label() {
         let q = expected_quality([(true, 1.0), (true, 0.5), (false, 0.25)]);

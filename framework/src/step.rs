@@ -605,6 +605,18 @@ pub fn step_metrics(
             )
         }));
         q.set(m, "judge/train");
+        // On every step of the policy's own rollouts it judged, by the oracle: what the
+        // judge's verdicts on this policy are worth, over all and by the environment's kind.
+        let steps = || {
+            batch.judged.iter().map(|j| {
+                let s = &batch.trajs[j.traj].steps[j.step];
+                (s.kind.as_str(), s.oracle, j.verdicts.as_slice())
+            })
+        };
+        crate::judge::quality(steps().map(|(_, o, v)| (o, v))).set(m, "judge/steps");
+        for (kind, q) in crate::judge::quality_by_kind(steps()) {
+            q.set_for_kind(m, "judge/steps", &kind);
+        }
         set_stats(m, "judge", batch.judge_stats.as_ref());
     }
 }

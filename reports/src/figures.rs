@@ -44,6 +44,8 @@ pub(crate) const P_NEG: &[&str] = &["judge/eval_neg_acc", "judge/process_acc_neg
 pub(crate) const P_BAL: &[&str] = &["judge/eval_bal_acc"];
 /// Judge balanced accuracy on the steps it judged during a training step.
 pub(crate) const TRAIN_BAL: &[&str] = &["judge/train_bal_acc"];
+/// Judge balanced accuracy on every step of the policy's rollouts it judged in a training step.
+pub(crate) const STEPS_BAL: &[&str] = &["judge/steps_bal_acc"];
 /// Judge outcome accuracy.
 pub(crate) const OUTCOME: &[&str] = &["judge/outcome_acc"];
 
@@ -427,13 +429,47 @@ fn append_notes(caption: &mut String, coverage: &[String], missing: &[String]) {
 
 /// The judge panels: title and keys (in order of preference). The first three are on the fixed
 /// labelled pool at eval steps, the fourth on the judge's own training steps.
-const JUDGE_PANELS: [(&str, &[&str]); 5] = [
+const JUDGE_PANELS: [(&str, &[&str]); 6] = [
     ("p⁺: accuracy on correct steps", P_POS),
     ("p⁻: accuracy on wrong steps", P_NEG),
     ("balanced accuracy (p⁺+p⁻)/2", P_BAL),
-    ("balanced acc. on training steps", TRAIN_BAL),
+    ("balanced acc. on the update's steps", TRAIN_BAL),
+    ("balanced acc. on the policy's steps", STEPS_BAL),
     ("outcome accuracy", OUTCOME),
 ];
+
+/// The judge's panels: [`JUDGE_PANELS`], then for every kind of step with a balanced
+/// accuracy in some run, that kind on the pool (`judge/eval_bal_acc/<kind>`) and on the
+/// policy's steps (`judge/steps_bal_acc/<kind>`).
+fn judge_panels(suite: &Suite) -> Vec<(String, Vec<String>)> {
+    let mut panels: Vec<(String, Vec<String>)> = JUDGE_PANELS
+        .iter()
+        .map(|(t, keys)| (t.to_string(), keys.iter().map(|k| k.to_string()).collect()))
+        .collect();
+    let mut kinds = BTreeSet::new();
+    for r in suite.runs() {
+        for line in &r.lines {
+            for key in line.values.keys() {
+                for prefix in ["judge/eval_bal_acc/", "judge/steps_bal_acc/"] {
+                    if let Some(kind) = key.strip_prefix(prefix) {
+                        kinds.insert(kind.to_string());
+                    }
+                }
+            }
+        }
+    }
+    for kind in kinds {
+        panels.push((
+            format!("balanced acc., pool, {kind}"),
+            vec![format!("judge/eval_bal_acc/{kind}")],
+        ));
+        panels.push((
+            format!("balanced acc., policy's steps, {kind}"),
+            vec![format!("judge/steps_bal_acc/{kind}")],
+        ));
+    }
+    panels
+}
 
 /// The keys of `keys` that some run of `suite` uses (its first logged one).
 fn keys_used<'k>(suite: &Suite, keys: &[&'k str]) -> Vec<&'k str> {
@@ -444,13 +480,16 @@ fn keys_used<'k>(suite: &Suite, keys: &[&'k str]) -> Vec<&'k str> {
 }
 
 fn judge_figure(suite: &Suite) -> Planned {
-    let all: Vec<&str> = JUDGE_PANELS
+    let judge_panels = judge_panels(suite);
+    let all: Vec<&str> = judge_panels
         .iter()
-        .flat_map(|(_, keys)| keys.iter().copied())
+        .flat_map(|(_, keys)| keys.iter().map(String::as_str))
         .collect();
     let mut shown = Vec::new();
     let mut panels = Vec::new();
-    for (title, keys) in JUDGE_PANELS {
+    for (title, keys) in &judge_panels {
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let keys = keys.as_slice();
         let (mut p, s) = experiments_panel(
             suite,
             title,
@@ -470,7 +509,7 @@ fn judge_figure(suite: &Suite) -> Planned {
     }
     let without = rows_without(suite, &all);
     let mut caption = format!(
-        "The judge over training, per experiment with a judge. At eval steps, on a fixed labelled pool with as many correct as wrong steps (`judge/eval_*`): p⁺ (accuracy on steps the oracle marks correct), p⁻ (on steps marked wrong) and the balanced accuracy (p⁺+p⁻)/2; runs that predate the pool have p⁺ and p⁻ as `judge/process_acc_pos`/`_neg`, measured on the greedy in-domain eval trajectories instead (each panel names its keys). Every training step: the balanced accuracy on the steps the judge judged in that step, against oracle labels (`judge/train_bal_acc`). Last panel: outcome accuracy at eval steps. {BAND_NOTE}"
+        "The judge over training, per experiment with a judge. At eval steps, on a fixed labelled pool with as many correct as wrong steps (`judge/eval_*`): p⁺ (accuracy on steps the oracle marks correct), p⁻ (on steps marked wrong) and the balanced accuracy (p⁺+p⁻)/2; runs that predate the pool have p⁺ and p⁻ as `judge/process_acc_pos`/`_neg`, measured on the greedy in-domain eval trajectories instead (each panel names its keys). Every training step, against oracle labels: the balanced accuracy on the steps the judge's update drew from (`judge/train_bal_acc`, a learned judge only) and on every step of the policy's rollouts it judged (`judge/steps_bal_acc`). Then outcome accuracy at eval steps, and, for each kind of step with both labels, the balanced accuracy on the pool's steps of that kind and on the policy's (`…/<kind>`). {BAND_NOTE}"
     );
     let missing = if without.is_empty() {
         Vec::new()

@@ -95,7 +95,7 @@ impl Column {
 pub const ACCEPT_RATE: &str = "accepted-proposal rate";
 
 /// Every column the table can have; those no run logs are left out.
-pub const COLUMNS: [Column; 16] = [
+pub const COLUMNS: [Column; 18] = [
     Column {
         header: "acc ID",
         keys: &["eval/acc_id"],
@@ -125,6 +125,18 @@ pub const COLUMNS: [Column; 16] = [
         keys: &["judge/eval_bal_acc"],
         kind: ColumnKind::Accuracy,
         value: ColumnValue::FirstKey,
+    },
+    Column {
+        header: "judge bal. acc, policy's steps, first quarter",
+        keys: &["judge/steps_bal_acc"],
+        kind: ColumnKind::Accuracy,
+        value: ColumnValue::FirstQuarterMean,
+    },
+    Column {
+        header: "judge bal. acc, policy's steps, last quarter",
+        keys: &["judge/steps_bal_acc"],
+        kind: ColumnKind::Accuracy,
+        value: ColumnValue::LastQuarterMean,
     },
     Column {
         header: "judge outcome acc",
