@@ -577,6 +577,12 @@ pub struct OracleJudgeSpec {
     pub p_pos: f64,
     /// p⁻: accuracy of the majority verdict on steps the oracle labels wrong, in [0, 1].
     pub p_neg: f64,
+    /// Accuracies of their own for steps of some kinds (`StepResult::kind`): kind →
+    /// `(p_pos, p_neg)`, e.g. `{"borderline": (0.8, 0.7)}`; steps of other kinds, and
+    /// unclassified ones, get `p_pos`/`p_neg`. The twin of a learned judge whose accuracy
+    /// differs by kind of step. Left out of the resolved file when empty.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub by_kind: std::collections::BTreeMap<String, (f64, f64)>,
 }
 
 impl Default for OracleJudgeSpec {
@@ -584,6 +590,7 @@ impl Default for OracleJudgeSpec {
         Self {
             p_pos: 0.85,
             p_neg: 0.85,
+            by_kind: Default::default(),
         }
     }
 }
@@ -666,8 +673,8 @@ pub struct JudgeWarmStart {
     /// that solves nothing at step 0 gives `Policy` no step labelled right to learn from.
     #[serde(skip_serializing_if = "LabelSource::is_policy")]
     pub source: LabelSource,
-    /// The share of the labelled steps held out as a validation split (the last ones, whole
-    /// episodes): the judge is measured on it every `eval_every` steps and the checkpoint with
+    /// The share of the labelled steps held out as a validation split (the last ones of each
+    /// label, so both are measured): the judge is measured on it every `eval_every` steps and the checkpoint with
     /// the best balanced accuracy there is kept. In `[0, 0.9]`; `0` trains on every label and
     /// keeps the last checkpoint.
     pub validation: f64,
@@ -1066,6 +1073,20 @@ impl<E: EnvironmentChoice, A: AdaptationChoice> Experiment<E, A> {
         if let Some(o) = self.judge.oracle() {
             real("judge.p_pos", o.p_pos, 0.0, 1.0)?;
             real("judge.p_neg", o.p_neg, 0.0, 1.0)?;
+            for (kind, &(p, n)) in &o.by_kind {
+                if kind.is_empty() || !crate::env::valid_kind(kind) {
+                    return Err(FieldError::new(
+                        "judge.by_kind",
+                        format!(
+                            "{kind:?} is not a kind of step (1 to {} characters of a-z, 0-9 and _)",
+                            crate::env::MAX_KIND_LEN
+                        ),
+                    )
+                    .into());
+                }
+                real(&format!("judge.by_kind.{kind}.p_pos"), p, 0.0, 1.0)?;
+                real(&format!("judge.by_kind.{kind}.p_neg"), n, 0.0, 1.0)?;
+            }
         }
 
         let r = &self.reward;

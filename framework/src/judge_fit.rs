@@ -20,21 +20,33 @@ use burn::module::AutodiffModule;
 use rlany_kernels::AutodiffLogProbOps;
 use std::collections::BTreeMap;
 
-/// `steps` split into a training part and a validation part: the last `fraction` of them
-/// (rounded, at least one and at most all but one when `fraction > 0` and there are two or
-/// more). Labelled steps come in episode order, so the validation part is whole episodes but
-/// for the one at the boundary.
+/// `steps` split into a training part and a validation part, stratified by label: of each
+/// label's steps (as given), the last `fraction` (rounded; at least one, and never all of
+/// them, when the label has two or more) are held out; both parts keep `steps`' order. Steps
+/// of the policy's rollouts come in episode order, so the held-out ones are mostly whole
+/// episodes; the expert's come right ones first, so a plain tail would hold no right step.
 pub fn split_validation(
-    mut steps: Vec<LabelledStep>,
+    steps: Vec<LabelledStep>,
     fraction: f64,
 ) -> (Vec<LabelledStep>, Vec<LabelledStep>) {
-    let n = steps.len();
-    if fraction <= 0.0 || n < 2 {
+    if fraction <= 0.0 {
         return (steps, Vec::new());
     }
-    let held = ((fraction * n as f64).round() as usize).clamp(1, n - 1);
-    let val = steps.split_off(n - held);
-    (steps, val)
+    let mut held = vec![false; steps.len()];
+    for class in [false, true] {
+        let idx: Vec<usize> = (0..steps.len()).filter(|&i| steps[i].label == class).collect();
+        let n = idx.len();
+        if n < 2 {
+            continue;
+        }
+        let k = ((fraction * n as f64).round() as usize).clamp(1, n - 1);
+        idx[n - k..].iter().for_each(|&i| held[i] = true);
+    }
+    let (mut train, mut val) = (Vec::new(), Vec::new());
+    for (s, h) in steps.into_iter().zip(held) {
+        if h { val.push(s) } else { train.push(s) }
+    }
+    (train, val)
 }
 
 /// What the judge says after one prompt, from its next-token logits.
@@ -333,18 +345,27 @@ mod tests {
     }
 
     #[test]
-    fn the_validation_split_is_the_tail_rounded_and_never_all() {
+    fn the_validation_split_is_each_labels_tail_rounded_and_never_all() {
+        // Labels + − + − …: 5 of each; 0.2 holds out the last one of each.
         let steps: Vec<_> = (0..10).map(|i| step(i % 2 == 0)).collect();
         let (t, v) = split_validation(steps.clone(), 0.2);
         assert_eq!((t.len(), v.len()), (8, 2));
         assert_eq!(v, steps[8..].to_vec());
-        // 0.25 of 10 = 2.5 rounds to 3 (halves away from zero).
-        assert_eq!(split_validation(steps.clone(), 0.25).1.len(), 3);
-        // At least one held out, never all.
-        assert_eq!(split_validation(steps.clone(), 0.01).1.len(), 1);
-        assert_eq!(split_validation(steps.clone(), 0.99).0.len(), 1);
+        // 0.5 of 5 = 2.5 rounds to 3 of each (halves away from zero): steps 4..10.
+        assert_eq!(split_validation(steps.clone(), 0.5).1, steps[4..].to_vec());
+        // At least one of each held out, never all of one.
+        assert_eq!(split_validation(steps.clone(), 0.01).1.len(), 2);
+        assert_eq!(split_validation(steps.clone(), 0.9).0.len(), 2);
         assert_eq!(split_validation(steps.clone(), 0.0).1.len(), 0);
-        assert_eq!(split_validation(vec![step(true)], 0.5).1.len(), 0);
+        // Right ones first (the expert's order): a plain tail would hold no right step.
+        let sorted: Vec<_> = (0..10).map(|i| step(i < 5)).collect();
+        let (t, v) = split_validation(sorted.clone(), 0.2);
+        assert_eq!(v, vec![sorted[4].clone(), sorted[9].clone()]);
+        assert_eq!(t.len(), 8);
+        // A label with one step stays in training.
+        let (t, v) = split_validation(vec![step(true), step(false), step(false)], 0.5);
+        assert_eq!((t.len(), v.len()), (2, 1));
+        assert!(!v[0].label);
     }
 
     #[test]

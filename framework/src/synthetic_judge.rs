@@ -16,6 +16,7 @@ use crate::judge::JudgedStep;
 use crate::reward::Verdict;
 use crate::rng::Rng;
 use crate::rollout::Trajectory;
+use std::collections::BTreeMap;
 
 /// The probability that the majority of `m` independent votes, each right with probability
 /// `q`, is right: more than `m / 2` of them right (a tie is not a majority).
@@ -62,6 +63,8 @@ pub struct SyntheticJudge {
     pub q_pos: f64,
     /// Per-vote probability of a `−` on a step the oracle labels wrong.
     pub q_neg: f64,
+    /// Kinds of step with per-vote accuracies of their own: kind → `(q_pos, q_neg)`.
+    pub by_kind: BTreeMap<String, (f64, f64)>,
     /// Votes per step (`m`).
     pub votes: usize,
 }
@@ -73,14 +76,34 @@ impl SyntheticJudge {
         Self {
             q_pos: per_vote_accuracy(p_pos, votes),
             q_neg: per_vote_accuracy(p_neg, votes),
+            by_kind: BTreeMap::new(),
             votes,
         }
     }
 
-    /// The `m` votes on one step whose oracle label is `label`: each the label, kept with the
-    /// label's per-vote accuracy (one uniform draw per vote, in order).
-    pub fn vote(&self, label: bool, rng: &mut Rng) -> Vec<Verdict> {
-        let q = if label { self.q_pos } else { self.q_neg };
+    /// The same judge with majority accuracies of their own on steps of some kinds
+    /// (kind → `(p_pos, p_neg)`).
+    pub fn with_kinds(mut self, by_kind: &BTreeMap<String, (f64, f64)>) -> Self {
+        self.by_kind = by_kind
+            .iter()
+            .map(|(k, &(p, n))| {
+                let q = (per_vote_accuracy(p, self.votes), per_vote_accuracy(n, self.votes));
+                (k.clone(), q)
+            })
+            .collect();
+        self
+    }
+
+    /// The `m` votes on one step whose oracle label is `label` and whose kind is `kind`:
+    /// each the label, kept with the per-vote accuracy of the label (the kind's own, when it
+    /// has one) — one uniform draw per vote, in order.
+    pub fn vote(&self, label: bool, kind: &str, rng: &mut Rng) -> Vec<Verdict> {
+        let (q_pos, q_neg) = self
+            .by_kind
+            .get(kind)
+            .copied()
+            .unwrap_or((self.q_pos, self.q_neg));
+        let q = if label { q_pos } else { q_neg };
         (0..self.votes)
             .map(|_| {
                 let says_right = label == rng.bernoulli(q);
@@ -100,28 +123,29 @@ impl SyntheticJudge {
                     step: si,
                     prompt: Vec::new(),
                     tokens: Vec::new(),
-                    verdicts: self.vote(s.oracle, rng),
+                    verdicts: self.vote(s.oracle, &s.kind, rng),
                 });
             }
         }
         out
     }
 
-    /// Votes on labelled steps (the judge's evaluation pool): entry `i` judges label `i`.
+    /// Votes on labelled steps (the judge's evaluation pool): entry `i` judges the `i`-th
+    /// `(label, kind)`.
     pub fn judge_labels<'a>(
         &self,
-        labels: impl IntoIterator<Item = &'a bool>,
+        labels: impl IntoIterator<Item = (bool, &'a str)>,
         rng: &mut Rng,
     ) -> Vec<JudgedStep> {
         labels
             .into_iter()
             .enumerate()
-            .map(|(i, &label)| JudgedStep {
+            .map(|(i, (label, kind))| JudgedStep {
                 traj: i,
                 step: 0,
                 prompt: Vec::new(),
                 tokens: Vec::new(),
-                verdicts: self.vote(label, rng),
+                verdicts: self.vote(label, kind, rng),
             })
             .collect()
     }
@@ -163,11 +187,31 @@ mod tests {
     fn votes_are_the_label_or_its_flip() {
         let mut rng = Rng::new(3);
         let perfect = SyntheticJudge::new(1.0, 1.0, 3);
-        assert_eq!(perfect.vote(true, &mut rng), vec![1, 1, 1]);
-        assert_eq!(perfect.vote(false, &mut rng), vec![-1, -1, -1]);
+        assert_eq!(perfect.vote(true, "", &mut rng), vec![1, 1, 1]);
+        assert_eq!(perfect.vote(false, "", &mut rng), vec![-1, -1, -1]);
         let contrary = SyntheticJudge::new(0.0, 0.0, 4);
-        assert_eq!(contrary.vote(true, &mut rng), vec![-1; 4]);
-        assert_eq!(contrary.vote(false, &mut rng), vec![1; 4]);
+        assert_eq!(contrary.vote(true, "", &mut rng), vec![-1; 4]);
+        assert_eq!(contrary.vote(false, "", &mut rng), vec![1; 4]);
+        // A kind with accuracies of its own: perfect elsewhere, contrary on "borderline".
+        let by_kind = [("borderline".to_string(), (0.0, 0.0))].into_iter().collect();
+        let twin = SyntheticJudge::new(1.0, 1.0, 3).with_kinds(&by_kind);
+        assert_eq!(twin.vote(true, "clear", &mut rng), vec![1, 1, 1]);
+        assert_eq!(twin.vote(true, "", &mut rng), vec![1, 1, 1]);
+        assert_eq!(twin.vote(true, "borderline", &mut rng), vec![-1, -1, -1]);
+        assert_eq!(twin.vote(false, "borderline", &mut rng), vec![1, 1, 1]);
+    }
+
+    /// Without kinds of its own a judge draws exactly the votes of before (one uniform per
+    /// vote whatever the kind), so files without `by_kind` keep their numbers.
+    #[test]
+    fn kinds_without_accuracies_of_their_own_change_no_draw() {
+        let labels: Vec<(bool, &str)> = (0..64).map(|i| (i % 3 == 0, if i % 2 == 0 { "a" } else { "" })).collect();
+        let plain = SyntheticJudge::new(0.7, 0.6, 3);
+        let other = [("b".to_string(), (0.1, 0.1))].into_iter().collect();
+        let with = SyntheticJudge::new(0.7, 0.6, 3).with_kinds(&other);
+        let a = plain.judge_labels(labels.iter().copied(), &mut Rng::new(5));
+        let b = with.judge_labels(labels.iter().copied(), &mut Rng::new(5));
+        assert_eq!(a, b);
     }
 
     /// The measured majority accuracies on a 256-step pool (128 right, 128 wrong) lie within
@@ -177,10 +221,11 @@ mod tests {
     #[test]
     fn measured_quality_matches_the_setting() {
         let labels: Vec<bool> = (0..256).map(|i| i < 128).collect();
+        let pairs = || labels.iter().map(|&l| (l, ""));
         for (p_pos, p_neg) in [(0.55, 0.55), (0.7, 0.7), (0.85, 0.85), (0.69, 0.44)] {
             for seed in 1..=5 {
                 let judge = SyntheticJudge::new(p_pos, p_neg, 3);
-                let judged = judge.judge_labels(&labels, &mut Rng::new(seed));
+                let judged = judge.judge_labels(pairs(), &mut Rng::new(seed));
                 let q = quality(
                     judged
                         .iter()
@@ -210,10 +255,10 @@ mod tests {
     #[test]
     fn same_seed_same_votes_other_seed_other_votes() {
         let judge = SyntheticJudge::new(0.7, 0.6, 3);
-        let labels: Vec<bool> = (0..64).map(|i| i % 3 == 0).collect();
-        let a = judge.judge_labels(&labels, &mut Rng::new(11));
-        let b = judge.judge_labels(&labels, &mut Rng::new(11));
-        let c = judge.judge_labels(&labels, &mut Rng::new(12));
+        let labels: Vec<(bool, &str)> = (0..64).map(|i| (i % 3 == 0, "")).collect();
+        let a = judge.judge_labels(labels.iter().copied(), &mut Rng::new(11));
+        let b = judge.judge_labels(labels.iter().copied(), &mut Rng::new(11));
+        let c = judge.judge_labels(labels.iter().copied(), &mut Rng::new(12));
         assert_eq!(a, b);
         assert_ne!(a, c);
     }

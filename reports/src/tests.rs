@@ -371,7 +371,8 @@ fn grid_table_and_judge_panels_of_the_fixture() {
             "p⁺: accuracy on correct steps",
             "p⁻: accuracy on wrong steps",
             "balanced accuracy (p⁺+p⁻)/2",
-            "balanced acc. on training steps",
+            "balanced acc. on the update's steps",
+            "balanced acc. on the policy's steps",
             "outcome accuracy"
         ]
     );
@@ -429,6 +430,44 @@ fn malformed_middle_line_fails_naming_file_and_line() {
     let msg = e.to_string();
     assert!(msg.contains("y/seed-1/metrics.jsonl:2:"), "{msg}");
     let _ = fs::remove_dir_all(root);
+}
+
+/// The judge on the policy's own steps and by kind: a panel for the policy's steps, and for
+/// each kind with a balanced accuracy, one on the pool and one on the policy's steps; the
+/// table's first- and last-quarter columns read `judge/steps_bal_acc`.
+#[test]
+fn judge_panels_and_columns_by_kind_of_step() {
+    let root = temp_dir("kinds");
+    // Steps 1–8: on the policy's steps 0.5 → 0.9 (first quarter 0.5, 0.55; last 0.85, 0.9).
+    let text: String = (0..=8)
+        .map(|s| {
+            let v = 0.45 + 0.05 * s as f64;
+            format!(
+                "{{\"step\":{s},\"env/acc_mean\":0.5,\"judge/steps_bal_acc\":{v},\"judge/steps_bal_acc/borderline\":{v},\"judge/eval_bal_acc/borderline\":0.6}}\n"
+            )
+        })
+        .collect();
+    write_metrics(&root, "k", 1, &text);
+    let suite = Suite::build(collect(std::slice::from_ref(&root)).expect("runs")).expect("suite");
+    let plans = crate::figures::plan(&suite);
+    let judge = plans.iter().find(|p| p.stem == "judge").expect("judge");
+    let titles: Vec<&str> = judge.figure.panels.iter().map(|p| p.title.as_str()).collect();
+    assert_eq!(
+        &titles[4..],
+        [
+            "balanced acc. on the policy's steps",
+            "outcome accuracy",
+            "balanced acc., pool, borderline",
+            "balanced acc., policy's steps, borderline"
+        ]
+    );
+    for i in [4, 6, 7] {
+        assert!(judge.figure.panels[i].message.is_none(), "{}", titles[i]);
+    }
+    let out = out_dir("kinds-out");
+    let s = write_report(std::slice::from_ref(&root), &ReportOptions::new(&out)).expect("report");
+    // Steps 1–2 and 7–8 of 8: (0.5 + 0.55)/2 and (0.8 + 0.85)/2.
+    assert!(s.table.contains("0.525") && s.table.contains("0.825"), "{}", s.table);
 }
 
 #[test]

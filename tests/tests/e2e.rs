@@ -1212,6 +1212,105 @@ fn balanced_judge_options_run_and_change_the_judge_update() {
     let _ = fs::remove_dir_all(dir);
 }
 
+/// The judge's warm start is a supervised fit with a held-out split: the step-0 metrics carry
+/// its validation curve, and the kept checkpoint is the latest trained one at the curve's
+/// best; `validation: 0` measures nothing and keeps the last checkpoint.
+#[test]
+fn the_judge_warm_start_keeps_its_best_checkpoint_on_a_held_out_split() {
+    let dir = scratch("judge-fit");
+    let mut first = Vec::new();
+    for (tag, fit) in [("val", "validation: 0.25, eval_every: 4"), ("none", "validation: 0.0")] {
+        let text = tiny_full()
+            .replace("name: \"tiny_full\"", &format!("name: \"fit_{tag}\""))
+            .replace("steps: 6, tasks_per_step", "steps: 1, tasks_per_step")
+            .replace(
+                "batch: 16, lr: 1e-2), lr: 1e-3)",
+                &format!("batch: 16, lr: 1e-2, {fit}), lr: 1e-3)"),
+            );
+        assert!(text.contains(fit), "{text}");
+        let (code, run) = run_file(&dir, &format!("{tag}.ron"), &text, &format!("fit_{tag}"), &[]);
+        assert_eq!(code, 0, "{tag}");
+        first.push(metrics(&run)[0].clone());
+    }
+    let (val, none) = (&first[0], &first[1]);
+    let get = |m: &Value, k: &str| m.get(k).and_then(Value::as_f64);
+    // 60 labels: the last 15 held out; 20 steps measured at 0, 4, 8, 12, 16, 20.
+    assert_eq!(get(val, "warm/judge_labels"), Some(60.0));
+    assert_eq!(get(val, "warm/judge_val_labels"), Some(15.0));
+    let curve: Vec<(usize, f64)> = [0, 4, 8, 12, 16, 20]
+        .iter()
+        .map(|&s| {
+            let v = get(val, &format!("warm/judge_val_curve/{s:06}"))
+                .unwrap_or_else(|| panic!("no curve point at {s}: {val}"));
+            (s, v)
+        })
+        .collect();
+    let best = get(val, "warm/judge_best_step").expect("best step") as usize;
+    let kept = get(val, "warm/judge_val_bal_acc").expect("kept accuracy");
+    let top = curve[1..].iter().map(|(_, v)| *v).fold(f64::MIN, f64::max);
+    assert_eq!(kept, top, "{curve:?}");
+    let latest = curve.iter().rev().find(|(s, v)| *s > 0 && *v == top).map(|(s, _)| *s);
+    assert_eq!(Some(best), latest, "{curve:?}");
+    // Without a split: the old fit, nothing measured.
+    assert_eq!(get(none, "warm/judge_val_labels"), Some(0.0));
+    assert!(get(none, "warm/judge_val_bal_acc").is_none());
+    assert!(none.as_object().is_some_and(|o| !o.keys().any(|k| k.starts_with("warm/judge_val_curve"))));
+    let _ = fs::remove_dir_all(dir);
+}
+
+/// `rlany judge-fit`: a cell is exactly the judge warm start of a run with the cell's label
+/// count and noise (the same kept step and validation accuracy), cells already written are
+/// skipped on a second call, and the report lists every cell.
+#[test]
+fn judge_fit_cells_are_the_runs_own_judge_warm_starts() {
+    let dir = scratch("judge-fit-cli");
+    let text = tiny_full()
+        .replace("steps: 6, tasks_per_step", "steps: 1, tasks_per_step")
+        .replace(
+            "batch: 16, lr: 1e-2), lr: 1e-3)",
+            "batch: 16, lr: 1e-2, eval_every: 5), lr: 1e-3)",
+        );
+    let file = write(&dir, "fit.ron", &text);
+    let (out, runs) = (dir.join("study"), dir.join("runs"));
+    let (out_s, runs_s) = (out.to_string_lossy().into_owned(), runs.to_string_lossy().into_owned());
+    let args = [
+        "judge-fit", file.as_str(), "--labels", "40,60", "--noise", "0,0.25", "--seeds", "3",
+        "--out", out_s.as_str(), "--runs-dir", runs_s.as_str(), "--no-progress",
+    ];
+    assert_eq!(rlany(&args), 0);
+    let cell = |labels: usize, noise: &str| -> Value {
+        let p = out.join("cells").join(format!("seed-3-labels-{labels}-noise-{noise}.json"));
+        serde_json::from_str(&fs::read_to_string(&p).expect("a cell file")).expect("json")
+    };
+    let c = cell(60, "0.250");
+    for (labels, noise) in [(40, "0.000"), (40, "0.250"), (60, "0.000")] {
+        assert!(cell(labels, noise)["points"].as_array().is_some_and(|p| p.len() == 5));
+    }
+    // The run of tiny_full itself (60 labels at noise 0.25) keeps the same checkpoint.
+    let (code, run) = run_file(&dir, "run.ron", &text, "tiny_full", &[]);
+    assert_eq!(code, 0);
+    let m0 = metrics(&run)[0].clone();
+    let best = c["best_step"].as_f64().expect("best step");
+    assert_eq!(m0["warm/judge_best_step"].as_f64(), Some(best));
+    let point = c["points"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["step"].as_f64() == Some(best)))
+        .expect("the kept point");
+    assert_eq!(m0["warm/judge_val_bal_acc"].as_f64(), point["val_bal_acc"].as_f64());
+    // The probe's readings are there: by kind on the pool and memorisation of flipped labels.
+    assert!(point.get("pool/logit_bal_acc").is_some() && point.get("train/agree_flipped").is_some());
+    // A second call measures nothing again (a changed cell file would be kept as it is).
+    let marker = out.join("cells").join("seed-3-labels-40-noise-0.000.json");
+    fs::write(&marker, fs::read_to_string(&marker).expect("read").replace("\"seed\":3", "\"seed\": 3"))
+        .expect("write");
+    let before = fs::read_to_string(&marker).expect("read");
+    assert_eq!(rlany(&args), 0);
+    assert_eq!(fs::read_to_string(&marker).expect("read"), before);
+    let report = fs::read_to_string(out.join("report.md")).expect("report");
+    assert!(report.contains("4 cells") && out.join("figures/learnability.png").exists(), "{report}");
+    let _ = fs::remove_dir_all(dir);
+}
+
 /// Data-parallel shards on the full system (learned judge, GP proposer, KL against a frozen
 /// reference): two shards give the same metrics twice over. (They are not one shard's
 /// metrics: each group samples from its own stream; `shards_compute_what_one_batch_does`

@@ -121,7 +121,10 @@ where
             )?;
         } else if let Some(s) = &self.synthetic {
             let mut rng = Rng::derive(seed ^ step as u64, "judge-eval");
-            let pool = s.judge_labels(self.judge_pool.iter().map(|p| &p.label), &mut rng);
+            let pool = s.judge_labels(
+                self.judge_pool.iter().map(|p| (p.label, p.kind.as_str())),
+                &mut rng,
+            );
             self.judge_quality(m, &pool);
             judged_id = s.judge_steps(shown, &mut rng);
         }

@@ -488,7 +488,7 @@ where
         let synthetic = cfg
             .judge
             .oracle()
-            .map(|o| SyntheticJudge::new(o.p_pos, o.p_neg, cfg.reward.votes));
+            .map(|o| SyntheticJudge::new(o.p_pos, o.p_neg, cfg.reward.votes).with_kinds(&o.by_kind));
         Self {
             seed,
             env,
