@@ -3,10 +3,10 @@
 //! noise) in `OUT/cells/`; cells already there are not run again, so an interrupted study
 //! resumes; then `OUT/report.md` and its figures.
 
+use crate::plugins::Experiment;
 use crate::{OnBackend, UsageError, WARM_CACHE, on_backend, overrides, parse_backend, with_parts};
 use anyhow::{Context, Result};
 use clap::Args;
-use crate::plugins::Experiment;
 use rlany_framework::trainer::{CellResult, LearnCell, judge_learnability};
 use rlany_framework::{TrainError, TrainOptions};
 use rlany_models::Transformer;
@@ -48,8 +48,10 @@ pub struct JudgeFitArgs {
 
 /// A cell's file name: `seed-<s>-labels-<n>-noise-<η>.json`.
 fn cell_file(out: &Path, seed: u64, c: &LearnCell) -> PathBuf {
-    out.join("cells")
-        .join(format!("seed-{seed}-labels-{}-noise-{:.3}.json", c.labels, c.noise))
+    out.join("cells").join(format!(
+        "seed-{seed}-labels-{}-noise-{:.3}.json",
+        c.labels, c.noise
+    ))
 }
 
 /// Runs the study, then writes its report.
@@ -81,7 +83,11 @@ pub fn run(args: &JudgeFitArgs) -> Result<()> {
     let cells: Vec<LearnCell> = args
         .labels
         .iter()
-        .flat_map(|&labels| args.noise.iter().map(move |&noise| LearnCell { labels, noise }))
+        .flat_map(|&labels| {
+            args.noise
+                .iter()
+                .map(move |&noise| LearnCell { labels, noise })
+        })
         .collect();
     let seeds = args.seeds.clone();
     let jobs = args.jobs.clamp(1, seeds.len().max(1));

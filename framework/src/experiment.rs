@@ -1270,6 +1270,48 @@ Experiment(
     }
 
     #[test]
+    fn the_judge_fit_and_the_synthetic_judges_kinds_are_checked() {
+        let with =
+            |judge: &str| MINIMAL.replace("budget:", &format!("judge: {judge},\n    budget:"));
+        let e = parse(&with("Learned(model: Scratch(d_model: 16))")).expect("parses");
+        let ws = &e.judge.model().expect("a judge").warm_start;
+        // A fifth held out and a tenth of the steps between measurements, by default.
+        assert_eq!(
+            (ws.validation, ws.eval_every, ws.eval_interval()),
+            (0.2, 0, 15)
+        );
+        assert!(
+            parse(&with(
+                "Learned(model: Scratch(d_model: 16), warm_start: (validation: 0.95))"
+            ))
+            .is_err()
+        );
+        let e = parse(&with(
+            r#"Oracle(p_pos: 0.9, p_neg: 0.8, by_kind: {"borderline": (0.7, 0.6)})"#,
+        ))
+        .expect("parses");
+        let o = e.judge.oracle().expect("oracle");
+        assert_eq!(o.by_kind.get("borderline"), Some(&(0.7, 0.6)));
+        assert_eq!(parse(&e.to_ron()).expect("round trip"), e);
+        // Without kinds the resolved form is what it was.
+        let plain = parse(&with("Oracle(p_pos: 0.9, p_neg: 0.8)")).expect("parses");
+        assert!(!plain.to_ron().contains("by_kind"));
+        for bad in [
+            r#"{"Border line": (0.7, 0.6)}"#,
+            r#"{"": (0.7, 0.6)}"#,
+            r#"{"clear": (1.5, 0.6)}"#,
+        ] {
+            assert!(
+                parse(&with(&format!(
+                    "Oracle(p_pos: 0.9, p_neg: 0.8, by_kind: {bad})"
+                )))
+                .is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
     fn policy_and_judge_share_one_model_spec() {
         let text = MINIMAL.replace(
             "budget:",

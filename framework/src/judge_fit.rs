@@ -34,7 +34,9 @@ pub fn split_validation(
     }
     let mut held = vec![false; steps.len()];
     for class in [false, true] {
-        let idx: Vec<usize> = (0..steps.len()).filter(|&i| steps[i].label == class).collect();
+        let idx: Vec<usize> = (0..steps.len())
+            .filter(|&i| steps[i].label == class)
+            .collect();
         let n = idx.len();
         if n < 2 {
             continue;
@@ -63,7 +65,10 @@ pub struct VerdictProbs {
 impl VerdictProbs {
     /// From one row of logits, at sampling temperature `temperature` (0: the argmax).
     pub fn of(row: &[f32], plus: u32, minus: u32, temperature: f64) -> Self {
-        let at = |t: u32| row.get(t as usize).map_or(f64::NEG_INFINITY, |&x| f64::from(x));
+        let at = |t: u32| {
+            row.get(t as usize)
+                .map_or(f64::NEG_INFINITY, |&x| f64::from(x))
+        };
         let (lp, lm) = (at(plus), at(minus));
         let margin = lp - lm;
         if temperature <= 0.0 {
@@ -256,8 +261,11 @@ where
             (ids, target)
         })
         .collect();
-    let by_class: [Vec<usize>; 2] =
-        [false, true].map(|class| (0..train.len()).filter(|&i| train[i].label == class).collect());
+    let by_class: [Vec<usize>; 2] = [false, true].map(|class| {
+        (0..train.len())
+            .filter(|&i| train[i].label == class)
+            .collect()
+    });
     let balanced = spec.balanced && by_class.iter().all(|c| !c.is_empty());
     let steps = spec.sft.steps;
     let every = spec.eval_every.max(1);
@@ -466,9 +474,22 @@ mod tests {
             eval_every: 1,
         };
         let mut none = |_: &Bigram<NdArray<f32>>| Ok(BTreeMap::new());
-        let fit = fit(judge(), &Verdicts, &train, &val, &spec, &mut Rng::new(1), &dev, &mut none)
-            .expect("finite");
-        assert_eq!(fit.points.len(), 13, "before the first step and after each of 12");
+        let fit = fit(
+            judge(),
+            &Verdicts,
+            &train,
+            &val,
+            &spec,
+            &mut Rng::new(1),
+            &dev,
+            &mut none,
+        )
+        .expect("finite");
+        assert_eq!(
+            fit.points.len(),
+            13,
+            "before the first step and after each of 12"
+        );
         let accs: Vec<f64> = fit.points.iter().filter_map(|p| p.val_bal_acc).collect();
         assert_eq!(accs[0], 1.0);
         assert_eq!(*accs.last().expect("points"), 0.0, "{accs:?}");
@@ -490,14 +511,19 @@ mod tests {
             .expect("local");
         assert!(val.iter().zip(&probs).all(|(s, p)| !p.logit_right(s.label)));
 
-        fn fit_last(
-            judge: Bigram<B>,
-            train: &[LabelledStep],
-            spec: &FitSpec,
-        ) -> Fit<Bigram<B>> {
+        fn fit_last(judge: Bigram<B>, train: &[LabelledStep], spec: &FitSpec) -> Fit<Bigram<B>> {
             let mut none = |_: &Bigram<NdArray<f32>>| Ok(BTreeMap::new());
-            super::fit(judge, &Verdicts, train, &[], spec, &mut Rng::new(1), &Default::default(), &mut none)
-                .expect("finite")
+            super::fit(
+                judge,
+                &Verdicts,
+                train,
+                &[],
+                spec,
+                &mut Rng::new(1),
+                &Default::default(),
+                &mut none,
+            )
+            .expect("finite")
         }
     }
 

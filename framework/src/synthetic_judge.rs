@@ -87,7 +87,10 @@ impl SyntheticJudge {
         self.by_kind = by_kind
             .iter()
             .map(|(k, &(p, n))| {
-                let q = (per_vote_accuracy(p, self.votes), per_vote_accuracy(n, self.votes));
+                let q = (
+                    per_vote_accuracy(p, self.votes),
+                    per_vote_accuracy(n, self.votes),
+                );
                 (k.clone(), q)
             })
             .collect();
@@ -193,7 +196,9 @@ mod tests {
         assert_eq!(contrary.vote(true, "", &mut rng), vec![-1; 4]);
         assert_eq!(contrary.vote(false, "", &mut rng), vec![1; 4]);
         // A kind with accuracies of its own: perfect elsewhere, contrary on "borderline".
-        let by_kind = [("borderline".to_string(), (0.0, 0.0))].into_iter().collect();
+        let by_kind = [("borderline".to_string(), (0.0, 0.0))]
+            .into_iter()
+            .collect();
         let twin = SyntheticJudge::new(1.0, 1.0, 3).with_kinds(&by_kind);
         assert_eq!(twin.vote(true, "clear", &mut rng), vec![1, 1, 1]);
         assert_eq!(twin.vote(true, "", &mut rng), vec![1, 1, 1]);
@@ -205,7 +210,9 @@ mod tests {
     /// vote whatever the kind), so files without `by_kind` keep their numbers.
     #[test]
     fn kinds_without_accuracies_of_their_own_change_no_draw() {
-        let labels: Vec<(bool, &str)> = (0..64).map(|i| (i % 3 == 0, if i % 2 == 0 { "a" } else { "" })).collect();
+        let labels: Vec<(bool, &str)> = (0..64)
+            .map(|i| (i % 3 == 0, if i % 2 == 0 { "a" } else { "" }))
+            .collect();
         let plain = SyntheticJudge::new(0.7, 0.6, 3);
         let other = [("b".to_string(), (0.1, 0.1))].into_iter().collect();
         let with = SyntheticJudge::new(0.7, 0.6, 3).with_kinds(&other);

@@ -94,14 +94,21 @@ where
     M: CausalLm<B> + AutodiffModule<B>,
 {
     let dims = env.difficulty_space().len();
-    supervised(model, tok, opts, device, |_| {
-        (0..spec.batch)
-            .map(|_| {
-                let d = demo_difficulty(dims, spec.difficulty, rng);
-                demo_tokens(tok, env, &d, spec.noise, rng.next_u64())
-            })
-            .collect()
-    }, |_, _, _| Ok(()))
+    supervised(
+        model,
+        tok,
+        opts,
+        device,
+        |_| {
+            (0..spec.batch)
+                .map(|_| {
+                    let d = demo_difficulty(dims, spec.difficulty, rng);
+                    demo_tokens(tok, env, &d, spec.noise, rng.next_u64())
+                })
+                .collect()
+        },
+        |_, _, _| Ok(()),
+    )
 }
 
 /// One demonstration's difficulty: each of the `dims` axes uniform in `range`.

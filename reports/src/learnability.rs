@@ -94,13 +94,37 @@ pub fn read_cells(dir: &Path) -> Result<Vec<Cell>, ReportError> {
 
 /// The columns of the table: (header, key, at the kept checkpoint or the last).
 const COLUMNS: &[(&str, &str, bool)] = &[
-    ("pool, borderline (logit)", "pool/logit_bal_acc/borderline", true),
-    ("pool, borderline (3 votes)", "pool/vote_bal_acc/borderline", true),
+    (
+        "pool, borderline (logit)",
+        "pool/logit_bal_acc/borderline",
+        true,
+    ),
+    (
+        "pool, borderline (3 votes)",
+        "pool/vote_bal_acc/borderline",
+        true,
+    ),
     ("pool, all (logit)", "pool/logit_bal_acc", true),
-    ("policy's steps, borderline", "policy/logit_bal_acc/borderline", true),
-    ("policy's steps, clear p⁺", "policy/logit_pos_acc/clear", true),
-    ("last step: pool, borderline", "pool/logit_bal_acc/borderline", false),
-    ("last step: flipped labels agreed", "train/agree_flipped", false),
+    (
+        "policy's steps, borderline",
+        "policy/logit_bal_acc/borderline",
+        true,
+    ),
+    (
+        "policy's steps, clear p⁺",
+        "policy/logit_pos_acc/clear",
+        true,
+    ),
+    (
+        "last step: pool, borderline",
+        "pool/logit_bal_acc/borderline",
+        false,
+    ),
+    (
+        "last step: flipped labels agreed",
+        "train/agree_flipped",
+        false,
+    ),
 ];
 
 /// Writes `dir/report.md` and `dir/figures/learnability.{png,svg}`; returns the report's path.
@@ -285,13 +309,22 @@ mod tests {
         std::fs::create_dir_all(&cells).expect("dir");
         // Two seeds of one cell: kept at step 10 (0.9 and 0.7), last 0.6 and 0.5.
         for (seed, best, at10) in [(1, 10, 0.9), (2, 10, 0.7)] {
-            let text = cell(seed, 80, 0.25, best, &[(0, 0.5), (10, at10), (20, 0.55 + 0.05 * (2 - seed) as f64)]);
+            let text = cell(
+                seed,
+                80,
+                0.25,
+                best,
+                &[(0, 0.5), (10, at10), (20, 0.55 + 0.05 * (2 - seed) as f64)],
+            );
             std::fs::write(cells.join(format!("s{seed}.json")), text).expect("write");
         }
         let path = write(&dir).expect("report");
         let md = std::fs::read_to_string(path).expect("read");
         // Mean of 0.9 and 0.7 at the kept step, each seed listed; 10 steps × 32 / 64 = 5 epochs.
-        assert!(md.contains("| 80 | 0.25 | 10 (5.0), 10 (5.0) | 0.800 ± "), "{md}");
+        assert!(
+            md.contains("| 80 | 0.25 | 10 (5.0), 10 (5.0) | 0.800 ± "),
+            "{md}"
+        );
         assert!(md.contains("[0.90, 0.70]"), "{md}");
         // The last step's column: 0.60 and 0.55.
         assert!(md.contains("[0.60, 0.55]"), "{md}");

@@ -451,7 +451,12 @@ fn judge_panels_and_columns_by_kind_of_step() {
     let suite = Suite::build(collect(std::slice::from_ref(&root)).expect("runs")).expect("suite");
     let plans = crate::figures::plan(&suite);
     let judge = plans.iter().find(|p| p.stem == "judge").expect("judge");
-    let titles: Vec<&str> = judge.figure.panels.iter().map(|p| p.title.as_str()).collect();
+    let titles: Vec<&str> = judge
+        .figure
+        .panels
+        .iter()
+        .map(|p| p.title.as_str())
+        .collect();
     assert_eq!(
         &titles[4..],
         [
@@ -467,7 +472,11 @@ fn judge_panels_and_columns_by_kind_of_step() {
     let out = out_dir("kinds-out");
     let s = write_report(std::slice::from_ref(&root), &ReportOptions::new(&out)).expect("report");
     // Steps 1–2 and 7–8 of 8: (0.5 + 0.55)/2 and (0.8 + 0.85)/2.
-    assert!(s.table.contains("0.525") && s.table.contains("0.825"), "{}", s.table);
+    assert!(
+        s.table.contains("0.525") && s.table.contains("0.825"),
+        "{}",
+        s.table
+    );
 }
 
 #[test]

@@ -1219,7 +1219,10 @@ fn balanced_judge_options_run_and_change_the_judge_update() {
 fn the_judge_warm_start_keeps_its_best_checkpoint_on_a_held_out_split() {
     let dir = scratch("judge-fit");
     let mut first = Vec::new();
-    for (tag, fit) in [("val", "validation: 0.25, eval_every: 4"), ("none", "validation: 0.0")] {
+    for (tag, fit) in [
+        ("val", "validation: 0.25, eval_every: 4"),
+        ("none", "validation: 0.0"),
+    ] {
         let text = tiny_full()
             .replace("name: \"tiny_full\"", &format!("name: \"fit_{tag}\""))
             .replace("steps: 6, tasks_per_step", "steps: 1, tasks_per_step")
@@ -1228,7 +1231,13 @@ fn the_judge_warm_start_keeps_its_best_checkpoint_on_a_held_out_split() {
                 &format!("batch: 16, lr: 1e-2, {fit}), lr: 1e-3)"),
             );
         assert!(text.contains(fit), "{text}");
-        let (code, run) = run_file(&dir, &format!("{tag}.ron"), &text, &format!("fit_{tag}"), &[]);
+        let (code, run) = run_file(
+            &dir,
+            &format!("{tag}.ron"),
+            &text,
+            &format!("fit_{tag}"),
+            &[],
+        );
         assert_eq!(code, 0, "{tag}");
         first.push(metrics(&run)[0].clone());
     }
@@ -1249,12 +1258,19 @@ fn the_judge_warm_start_keeps_its_best_checkpoint_on_a_held_out_split() {
     let kept = get(val, "warm/judge_val_bal_acc").expect("kept accuracy");
     let top = curve[1..].iter().map(|(_, v)| *v).fold(f64::MIN, f64::max);
     assert_eq!(kept, top, "{curve:?}");
-    let latest = curve.iter().rev().find(|(s, v)| *s > 0 && *v == top).map(|(s, _)| *s);
+    let latest = curve
+        .iter()
+        .rev()
+        .find(|(s, v)| *s > 0 && *v == top)
+        .map(|(s, _)| *s);
     assert_eq!(Some(best), latest, "{curve:?}");
     // Without a split: the old fit, nothing measured.
     assert_eq!(get(none, "warm/judge_val_labels"), Some(0.0));
     assert!(get(none, "warm/judge_val_bal_acc").is_none());
-    assert!(none.as_object().is_some_and(|o| !o.keys().any(|k| k.starts_with("warm/judge_val_curve"))));
+    assert!(
+        none.as_object()
+            .is_some_and(|o| !o.keys().any(|k| k.starts_with("warm/judge_val_curve")))
+    );
     let _ = fs::remove_dir_all(dir);
 }
 
@@ -1272,19 +1288,39 @@ fn judge_fit_cells_are_the_runs_own_judge_warm_starts() {
         );
     let file = write(&dir, "fit.ron", &text);
     let (out, runs) = (dir.join("study"), dir.join("runs"));
-    let (out_s, runs_s) = (out.to_string_lossy().into_owned(), runs.to_string_lossy().into_owned());
+    let (out_s, runs_s) = (
+        out.to_string_lossy().into_owned(),
+        runs.to_string_lossy().into_owned(),
+    );
     let args = [
-        "judge-fit", file.as_str(), "--labels", "40,60", "--noise", "0,0.25", "--seeds", "3",
-        "--out", out_s.as_str(), "--runs-dir", runs_s.as_str(), "--no-progress",
+        "judge-fit",
+        file.as_str(),
+        "--labels",
+        "40,60",
+        "--noise",
+        "0,0.25",
+        "--seeds",
+        "3",
+        "--out",
+        out_s.as_str(),
+        "--runs-dir",
+        runs_s.as_str(),
+        "--no-progress",
     ];
     assert_eq!(rlany(&args), 0);
     let cell = |labels: usize, noise: &str| -> Value {
-        let p = out.join("cells").join(format!("seed-3-labels-{labels}-noise-{noise}.json"));
+        let p = out
+            .join("cells")
+            .join(format!("seed-3-labels-{labels}-noise-{noise}.json"));
         serde_json::from_str(&fs::read_to_string(&p).expect("a cell file")).expect("json")
     };
     let c = cell(60, "0.250");
     for (labels, noise) in [(40, "0.000"), (40, "0.250"), (60, "0.000")] {
-        assert!(cell(labels, noise)["points"].as_array().is_some_and(|p| p.len() == 5));
+        assert!(
+            cell(labels, noise)["points"]
+                .as_array()
+                .is_some_and(|p| p.len() == 5)
+        );
     }
     // The run of tiny_full itself (60 labels at noise 0.25) keeps the same checkpoint.
     let (code, run) = run_file(&dir, "run.ron", &text, "tiny_full", &[]);
@@ -1296,18 +1332,31 @@ fn judge_fit_cells_are_the_runs_own_judge_warm_starts() {
         .as_array()
         .and_then(|p| p.iter().find(|p| p["step"].as_f64() == Some(best)))
         .expect("the kept point");
-    assert_eq!(m0["warm/judge_val_bal_acc"].as_f64(), point["val_bal_acc"].as_f64());
+    assert_eq!(
+        m0["warm/judge_val_bal_acc"].as_f64(),
+        point["val_bal_acc"].as_f64()
+    );
     // The probe's readings are there: by kind on the pool and memorisation of flipped labels.
-    assert!(point.get("pool/logit_bal_acc").is_some() && point.get("train/agree_flipped").is_some());
+    assert!(
+        point.get("pool/logit_bal_acc").is_some() && point.get("train/agree_flipped").is_some()
+    );
     // A second call measures nothing again (a changed cell file would be kept as it is).
     let marker = out.join("cells").join("seed-3-labels-40-noise-0.000.json");
-    fs::write(&marker, fs::read_to_string(&marker).expect("read").replace("\"seed\":3", "\"seed\": 3"))
-        .expect("write");
+    fs::write(
+        &marker,
+        fs::read_to_string(&marker)
+            .expect("read")
+            .replace("\"seed\":3", "\"seed\": 3"),
+    )
+    .expect("write");
     let before = fs::read_to_string(&marker).expect("read");
     assert_eq!(rlany(&args), 0);
     assert_eq!(fs::read_to_string(&marker).expect("read"), before);
     let report = fs::read_to_string(out.join("report.md")).expect("report");
-    assert!(report.contains("4 cells") && out.join("figures/learnability.png").exists(), "{report}");
+    assert!(
+        report.contains("4 cells") && out.join("figures/learnability.png").exists(),
+        "{report}"
+    );
     let _ = fs::remove_dir_all(dir);
 }
 
@@ -1525,8 +1574,15 @@ fn shards_compute_what_one_batch_does() {
                 ..Spread::default()
             },
         };
-        let (m, loss) =
-            supervised(model.clone(), &tok, &opts, &device, |_| examples.clone(), |_, _, _| Ok(())).expect("finite");
+        let (m, loss) = supervised(
+            model.clone(),
+            &tok,
+            &opts,
+            &device,
+            |_| examples.clone(),
+            |_, _, _| Ok(()),
+        )
+        .expect("finite");
         (flat_params(&m), loss)
     };
     let ((w1, l1), (w3, l3)) = (sft(1), sft(3));

@@ -77,7 +77,8 @@ where
         return Ok(());
     };
     let cache = opts.warm_cache.as_ref().map(WarmCache::new);
-    let (policy, _, _) = Run::<B, M>::warm_policy(&cfg, seed, &parts, device, opts, cache.as_ref())?;
+    let (policy, _, _) =
+        Run::<B, M>::warm_policy(&cfg, seed, &parts, device, opts, cache.as_ref())?;
     parts.policy = policy;
     let dir = RunDir::read_only(&opts.run_dir);
     let mut run = Run::new(cfg, seed, parts, device, opts, dir);

@@ -485,10 +485,9 @@ where
         let slots = vec![AdaptSlot::new(cfg.start.clone()); cfg.budget.tasks_per_step];
         let dims = env.difficulty_space().into_iter().map(|d| d.name).collect();
         let state = TrainerState::fresh(seed, slots, proposer.as_ref());
-        let synthetic = cfg
-            .judge
-            .oracle()
-            .map(|o| SyntheticJudge::new(o.p_pos, o.p_neg, cfg.reward.votes).with_kinds(&o.by_kind));
+        let synthetic = cfg.judge.oracle().map(|o| {
+            SyntheticJudge::new(o.p_pos, o.p_neg, cfg.reward.votes).with_kinds(&o.by_kind)
+        });
         Self {
             seed,
             env,

@@ -93,7 +93,11 @@ fn warm_start_then_step_credit_fixes_the_borderline_doors() {
     // over all and on the borderline doors (both labels there); at the clear doors, where
     // the warm-started policy is right, p⁺ is 1 too.
     assert_eq!(mean(&lines, "judge/eval_bal_acc"), 1.0);
-    for key in ["judge/steps_bal_acc", "judge/steps_bal_acc/borderline", "judge/steps_pos_acc/clear"] {
+    for key in [
+        "judge/steps_bal_acc",
+        "judge/steps_bal_acc/borderline",
+        "judge/steps_pos_acc/clear",
+    ] {
         assert!(train.iter().all(|m| m.contains_key(key)), "{key}");
         assert_eq!(mean(&train, key), 1.0, "{key}");
     }

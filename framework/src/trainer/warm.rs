@@ -228,8 +228,17 @@ where
             balanced: ws.balanced,
             eval_every: ws.eval_interval(),
         };
-        let fit = judge_fit::fit(judge, self.tok, train, val, &fit_spec, rng, self.device, probe)
-            .map_err(non_finite(0, "judge warm-start"))?;
+        let fit = judge_fit::fit(
+            judge,
+            self.tok,
+            train,
+            val,
+            &fit_spec,
+            rng,
+            self.device,
+            probe,
+        )
+        .map_err(non_finite(0, "judge warm-start"))?;
         env_ok(self.env, 0)?;
         Ok(fit)
     }
