@@ -286,7 +286,7 @@ Experiment(
         sampling: (max_step_tokens: 8),
     ),
     judge: Learned(model: Scratch(d_model: 32, layers: 1, heads: 2, kv_heads: 1, ffn: 64, max_seq_len: 64),
-        warm_start: (labels: 60, label_noise: 0.25, steps: 20, batch: 16, lr: 1e-2), lr: 1e-3),
+        warm_start: (labels: 60, label_noise: 0.25, steps: 20, batch: 16, lr: 1e-2, validation: 0.0), lr: 1e-3),
     reward: (policy_band: (0.1, 0.9), judge_band: (0.0, 1.0)),
     algorithm: Ppo(lr: 1e-3, policy_updates: 2, kl: (coef: 0.05, estimator: K2, target: Reference)),
     adaptation: Gp(target: 0.5, band: (0.3, 0.7), candidates: 64),

@@ -52,7 +52,7 @@ fn tiny_full() -> String {
         .replace(
             "reward: (policy_band: (0.1, 0.9)),",
             "judge: Learned(model: Scratch(d_model: 32, layers: 1, heads: 2, kv_heads: 1, ffn: 64, max_seq_len: 64),\n\
-             warm_start: (labels: 60, label_noise: 0.25, steps: 20, batch: 16, lr: 1e-2), lr: 1e-3),\n\
+             warm_start: (labels: 60, label_noise: 0.25, steps: 20, batch: 16, lr: 1e-2, validation: 0.0), lr: 1e-3),\n\
              reward: (policy_band: (0.1, 0.9), judge_band: (0.0, 1.0)),\n\
              adaptation: Gp(target: 0.5, band: (0.3, 0.7), candidates: 64),\n\
              gate: (window: 4, min_rollouts: 6),",
@@ -1169,8 +1169,8 @@ fn balanced_judge_options_run_and_change_the_judge_update() {
         let text = tiny_full()
             .replace("name: \"tiny_full\"", &format!("name: \"cons_{cons}\""))
             .replace(
-                "lr: 1e-2), lr: 1e-3)",
-                "lr: 1e-2, balanced: true), lr: 1e-3)",
+                "lr: 1e-2, validation: 0.0), lr: 1e-3)",
+                "lr: 1e-2, validation: 0.0, balanced: true), lr: 1e-3)",
             )
             .replace(
                 "judge_band: (0.0, 1.0)),",
@@ -1227,7 +1227,7 @@ fn the_judge_warm_start_keeps_its_best_checkpoint_on_a_held_out_split() {
             .replace("name: \"tiny_full\"", &format!("name: \"fit_{tag}\""))
             .replace("steps: 6, tasks_per_step", "steps: 1, tasks_per_step")
             .replace(
-                "batch: 16, lr: 1e-2), lr: 1e-3)",
+                "batch: 16, lr: 1e-2, validation: 0.0), lr: 1e-3)",
                 &format!("batch: 16, lr: 1e-2, {fit}), lr: 1e-3)"),
             );
         assert!(text.contains(fit), "{text}");
@@ -1283,8 +1283,8 @@ fn judge_fit_cells_are_the_runs_own_judge_warm_starts() {
     let text = tiny_full()
         .replace("steps: 6, tasks_per_step", "steps: 1, tasks_per_step")
         .replace(
-            "batch: 16, lr: 1e-2), lr: 1e-3)",
-            "batch: 16, lr: 1e-2, eval_every: 5), lr: 1e-3)",
+            "batch: 16, lr: 1e-2, validation: 0.0), lr: 1e-3)",
+            "batch: 16, lr: 1e-2, validation: 0.2, eval_every: 5), lr: 1e-3)",
         );
     let file = write(&dir, "fit.ron", &text);
     let (out, runs) = (dir.join("study"), dir.join("runs"));
