@@ -153,6 +153,15 @@ fn study_seed(exp: &Experiment, seed: u64, cells: &[LearnCell], args: &JudgeFitA
                 placement: Default::default(),
             };
             let out = &args.out;
+            // Cells already measured are not run again (an interrupted study resumes).
+            let todo: Vec<LearnCell> = cells
+                .iter()
+                .filter(|c| !cell_file(out, seed, c).exists())
+                .copied()
+                .collect();
+            if todo.is_empty() {
+                return Ok(());
+            }
             with_parts::<Ad<B>, _>(exp, seed, device, |parts| {
                 judge_learnability::<Ad<B>, Transformer<Ad<B>>, _, _>(
                     exp,
@@ -160,8 +169,7 @@ fn study_seed(exp: &Experiment, seed: u64, cells: &[LearnCell], args: &JudgeFitA
                     parts,
                     device,
                     &opts,
-                    cells,
-                    |c| cell_file(out, seed, c).exists(),
+                    &todo,
                     |r: CellResult| {
                         let path = cell_file(out, seed, &r.cell);
                         let text = serde_json::to_string(&r).unwrap_or_default();

@@ -1081,8 +1081,7 @@ impl<E: EnvironmentChoice, A: AdaptationChoice> Experiment<E, A> {
                             "{kind:?} is not a kind of step (1 to {} characters of a-z, 0-9 and _)",
                             crate::env::MAX_KIND_LEN
                         ),
-                    )
-                    .into());
+                    ));
                 }
                 real(&format!("judge.by_kind.{kind}.p_pos"), p, 0.0, 1.0)?;
                 real(&format!("judge.by_kind.{kind}.p_neg"), n, 0.0, 1.0)?;

@@ -178,6 +178,15 @@ pub fn verdict_probs<B: burn::prelude::Backend, M: CausalLm<B>>(
     Ok(out)
 }
 
+/// The labelled steps of a fit: those it trains on and those it is measured on.
+#[derive(Debug, Clone, Copy)]
+pub struct Labels<'a> {
+    /// Trained on.
+    pub train: &'a [LabelledStep],
+    /// Held out: the validation split.
+    pub val: &'a [LabelledStep],
+}
+
 /// How the judge's supervised fit runs.
 #[derive(Debug, Clone)]
 pub struct FitSpec {
@@ -230,17 +239,15 @@ impl<M> Fit<M> {
 /// A probe: more measurements of the judge at each of the fit's measurement points.
 pub type Probe<'p, I> = dyn FnMut(&I) -> Result<BTreeMap<String, f64>, PlacementError> + 'p;
 
-/// Fits `judge` to `train`'s labels (`spec.sft.steps` AdamW steps on batches drawn with
+/// Fits `judge` to `labels.train` (`train` below) (`spec.sft.steps` AdamW steps on batches drawn with
 /// `rng`, class-balanced or uniform), measuring it on `val` before the first step, every
 /// `spec.eval_every` steps and after the last; keeps the trained checkpoint with the best
 /// balanced validation accuracy (the latest of equals). Measuring draws nothing from `rng`: with an empty `val` the fit is
 /// step for step the plain supervised fit and returns its last checkpoint.
-#[allow(clippy::too_many_arguments)]
 pub fn fit<B, M>(
     judge: M,
     tok: &dyn Tokenizer,
-    train: &[LabelledStep],
-    val: &[LabelledStep],
+    Labels { train, val }: Labels<'_>,
     spec: &FitSpec,
     rng: &mut Rng,
     device: &B::Device,
@@ -474,11 +481,14 @@ mod tests {
             eval_every: 1,
         };
         let mut none = |_: &Bigram<NdArray<f32>>| Ok(BTreeMap::new());
+        let labels = Labels {
+            train: &train,
+            val: &val,
+        };
         let fit = fit(
             judge(),
             &Verdicts,
-            &train,
-            &val,
+            labels,
             &spec,
             &mut Rng::new(1),
             &dev,
@@ -516,8 +526,7 @@ mod tests {
             super::fit(
                 judge,
                 &Verdicts,
-                train,
-                &[],
+                Labels { train, val: &[] },
                 spec,
                 &mut Rng::new(1),
                 &Default::default(),

@@ -49,8 +49,8 @@ const HELD_OUT: usize = 512;
 const TRAIN_PROBE: usize = 512;
 
 /// Warm-starts the policy of `exp` for `seed` (through the warm cache, as a run does), then
-/// for every cell of `cells` that `done` does not report as already measured fits a fresh
-/// judge as the run's warm start would and hands the result to `on_cell`.
+/// for every cell of `cells` fits a fresh judge as the run's warm start would and hands the
+/// result to `on_cell`.
 pub fn judge_learnability<B, M, E, A>(
     exp: &Experiment<E, A>,
     seed: u64,
@@ -58,7 +58,6 @@ pub fn judge_learnability<B, M, E, A>(
     device: &B::Device,
     opts: &TrainOptions,
     cells: &[LearnCell],
-    done: impl Fn(&LearnCell) -> bool,
     mut on_cell: impl FnMut(CellResult) -> Result<(), TrainError>,
 ) -> Result<(), TrainError>
 where
@@ -120,9 +119,6 @@ where
     );
     let votes = run.cfg.reward.votes;
     for &cell in cells {
-        if done(&cell) {
-            continue;
-        }
         if let Some(j) = run.cfg.judge.model_mut() {
             j.warm_start.labels = cell.labels;
             j.warm_start.label_noise = cell.noise;

@@ -231,8 +231,7 @@ where
         let fit = judge_fit::fit(
             judge,
             self.tok,
-            train,
-            val,
+            judge_fit::Labels { train, val },
             &fit_spec,
             rng,
             self.device,
