@@ -205,7 +205,6 @@ pub fn write(dir: &Path) -> Result<PathBuf, ReportError> {
 /// The learning-curve figure: a panel per cell, rows by noise, columns by label count.
 fn curves(groups: &[((usize, f64), Vec<&Cell>)]) -> Figure {
     let mut labels: Vec<usize> = groups.iter().map(|((l, _), _)| *l).collect();
-    labels.dedup();
     labels.sort_unstable();
     labels.dedup();
     let mut seeds: Vec<u64> = groups

@@ -358,13 +358,8 @@ fn grid_table_and_judge_panels_of_the_fixture() {
 
     // The judge figure: pool p⁺, p⁻, balanced; training-side balanced; outcome.
     let plans = crate::figures::plan(&suite);
-    let judge = plans.iter().find(|p| p.stem == "judge").expect("judge");
-    let titles: Vec<&str> = judge
-        .figure
-        .panels
-        .iter()
-        .map(|p| p.title.as_str())
-        .collect();
+    let judge = judge_plan(&plans);
+    let titles = panel_titles(judge);
     assert_eq!(
         titles,
         [
@@ -450,13 +445,8 @@ fn judge_panels_and_columns_by_kind_of_step() {
     write_metrics(&root, "k", 1, &text);
     let suite = Suite::build(collect(std::slice::from_ref(&root)).expect("runs")).expect("suite");
     let plans = crate::figures::plan(&suite);
-    let judge = plans.iter().find(|p| p.stem == "judge").expect("judge");
-    let titles: Vec<&str> = judge
-        .figure
-        .panels
-        .iter()
-        .map(|p| p.title.as_str())
-        .collect();
+    let judge = judge_plan(&plans);
+    let titles = panel_titles(judge);
     assert_eq!(
         &titles[4..],
         [
@@ -760,4 +750,18 @@ fn sweep_named_in_suite_json_and_a_bad_name_warns() {
         "{report}"
     );
     let _ = fs::remove_dir_all(root);
+}
+
+/// The judge figure among a report's planned figures.
+fn judge_plan(plans: &[crate::figures::Planned]) -> &crate::figures::Planned {
+    plans.iter().find(|p| p.stem == "judge").expect("judge")
+}
+
+/// A figure's panel titles, in order.
+fn panel_titles(plan: &crate::figures::Planned) -> Vec<&str> {
+    plan.figure
+        .panels
+        .iter()
+        .map(|p| p.title.as_str())
+        .collect()
 }
