@@ -1,17 +1,20 @@
-//! `rlany generate`: what a pretrained model says to one user message, before any training.
+//! `rlany generate`: what a pretrained model says to one user message, before any training
+//! — or, with `--run RUN_DIR`, what a run's trained policy says (its checkpoint's weights,
+//! adapters applied).
 //!
 //! The message is wrapped in the model's own chat template with its default system prompt
 //! (or `--system`), the reply is decoded greedily unless `--temperature` says otherwise, and
 //! it ends at the template's end-of-message token or `--max-tokens`. Load time, speed and
 //! peak memory go to stderr; the reply alone to stdout.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
+use burn::module::AutodiffModule;
 use rlany_framework::{CausalLm, Rng, SampleParams, Tokenizer, shard};
 use rlany_kernels::AttentionOps;
-use rlany_models::{Role, load_pretrained, packed_weights};
+use rlany_models::{ChatTemplate, Role, Transformer, load_pretrained, packed_weights};
 
 use crate::UsageError;
 use crate::pretrained::missing_model_hint;
@@ -20,7 +23,17 @@ use crate::pretrained::missing_model_hint;
 #[derive(clap::Args, Debug)]
 pub struct GenerateArgs {
     /// A GGUF file or a Hugging Face directory (config.json, *.safetensors, tokenizer.json).
-    pub model: PathBuf,
+    #[arg(required_unless_present = "run", conflicts_with = "run")]
+    pub model: Option<PathBuf>,
+    /// A run directory (runs/<name>/seed-<n>): its trained policy at the latest checkpoint
+    /// (or --checkpoint) answers — a pretrained one in its chat template, a from-scratch one
+    /// continuing the prompt as the environment's text, up to the end of the line (one
+    /// action).
+    #[arg(long, value_name = "RUN_DIR")]
+    pub run: Option<PathBuf>,
+    /// With --run: this checkpoint (e.g. step-000010) instead of the latest.
+    #[arg(long, requires = "run")]
+    pub checkpoint: Option<String>,
     /// The user message.
     #[arg(long)]
     pub prompt: String,
@@ -92,8 +105,10 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     if args.shards == 0 {
         return Err(UsageError("--shards must be at least 1".to_string()).into());
     }
-    if !args.model.exists() {
-        return Err(UsageError(missing_model_hint(&args.model)).into());
+    if let Some(model) = &args.model
+        && !model.exists()
+    {
+        return Err(UsageError(missing_model_hint(model)).into());
     }
     struct Generate<'a>(&'a GenerateArgs);
     impl crate::OnBackend for Generate<'_> {
@@ -105,19 +120,104 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     crate::on_backend(crate::parse_backend(&args.backend)?, Generate(args))
 }
 
-/// `rlany generate` on backend `B`.
-fn generate_on<B: AttentionOps>(args: &GenerateArgs, device: &B::Device) -> Result<()> {
-    let started = Instant::now();
-    let mut p = load_pretrained::<B>(&args.model, Some(args.max_seq_len), device)
-        .with_context(|| format!("loading {}", args.model.display()))?;
+/// The model that answers, with what reads and writes its text.
+struct Speaker<B: burn::prelude::Backend> {
+    model: Transformer<B>,
+    tokenizer: Box<dyn Tokenizer>,
+    chat: Option<ChatTemplate>,
+    /// The ids a reply ends at (unless --ignore-eos).
+    stop: Vec<u32>,
+    /// What is named in the timing line.
+    name: String,
+}
+
+/// A pretrained file, with its quantized blocks where this backend reads them.
+fn pretrained<B: AttentionOps>(
+    path: &Path,
+    args: &GenerateArgs,
+    device: &B::Device,
+) -> Result<Speaker<B>> {
+    let mut p = load_pretrained::<B>(path, Some(args.max_seq_len), device)
+        .with_context(|| format!("loading {}", path.display()))?;
     // Blocks only where this backend reads them (the CPU backends).
     if !args.dense
         && rlany_kernels::packed_matmul_supported::<B>(device)
-        && let Some(packed) = packed_weights(&args.model, p.model.config())
-            .with_context(|| format!("reading the blocks of {}", args.model.display()))?
+        && let Some(packed) = packed_weights(path, p.model.config())
+            .with_context(|| format!("reading the blocks of {}", path.display()))?
     {
         p.model = p.model.with_packed(packed)?;
     }
+    let stop = vec![p.tokenizer.eos()];
+    Ok(Speaker {
+        model: p.model,
+        tokenizer: Box::new(p.tokenizer),
+        chat: p.chat,
+        stop,
+        name: path.display().to_string(),
+    })
+}
+
+/// A run's trained policy: the model its experiment names (adapters included) with its
+/// checkpoint's weights.
+fn trained<B: rlany_kernels::LogProbOps>(
+    run: &Path,
+    args: &GenerateArgs,
+    device: &B::Device,
+) -> Result<Speaker<B>> {
+    type Ad<B> = burn::backend::Autodiff<B>;
+    let exp = crate::Experiment::load(&run.join("resolved.ron"))
+        .with_context(|| format!("{}: not a run directory", run.display()))?;
+    let seed = crate::seed_of_run_dir(run)?;
+    let source = &exp.policy.model;
+    let (model, tokenizer, chat) =
+        crate::build_model_with_chat::<Ad<B>>(source, seed, "policy-init", device)
+            .context("policy model")?;
+    let model = crate::with_adapters(model, source, seed, "policy-lora");
+    let checkpoints = run.join("checkpoints");
+    let ckpt = match &args.checkpoint {
+        Some(name) => rlany_framework::checkpoint::Reader::named(&checkpoints, name)?,
+        None => rlany_framework::checkpoint::Reader::latest(&checkpoints)?,
+    };
+    let model = ckpt.trainable("policy", model, device)?.valid();
+    let model = model
+        .clone()
+        .with_max_seq_len(args.max_seq_len.min(model.config().max_seq_len));
+    // A chat model replies until its end of message; a from-scratch policy writes one
+    // action, a line, as in its episodes.
+    let stop = match chat {
+        Some(_) => vec![tokenizer.eos()],
+        None => tokenizer.prompt_format().stop_tokens(tokenizer.as_ref()),
+    };
+    let name = format!(
+        "{} at {}",
+        run.display(),
+        ckpt.dir()
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    );
+    Ok(Speaker {
+        model,
+        tokenizer,
+        chat,
+        stop,
+        name,
+    })
+}
+
+/// `rlany generate` on backend `B`.
+fn generate_on<B: rlany_kernels::LogProbOps>(
+    args: &GenerateArgs,
+    device: &B::Device,
+) -> Result<()> {
+    let started = Instant::now();
+    let p = match (&args.run, &args.model) {
+        (Some(run), _) => trained::<B>(run, args, device)?,
+        (None, Some(path)) => pretrained::<B>(path, args, device)?,
+        (None, None) => {
+            return Err(UsageError("give a model file or --run RUN_DIR".into()).into());
+        }
+    };
     let load_s = started.elapsed().as_secs_f64();
     let mut messages = Vec::new();
     if let Some(system) = &args.system {
@@ -126,11 +226,25 @@ fn generate_on<B: AttentionOps>(args: &GenerateArgs, device: &B::Device) -> Resu
     messages.push((Role::User, args.prompt.as_str()));
     let prompt = match &p.chat {
         Some(chat) => chat.render(&messages, true),
+        // As the run's episodes are laid out: BOS, then the text, each line a line.
+        None if args.run.is_some() => {
+            eprintln!(
+                "note: {} is a from-scratch policy: the prompt is read as an episode's text \
+                 (`rlany env FILE` shows one; a final newline is added where missing), and \
+                 the reply is its next action",
+                p.name
+            );
+            let mut text = args.prompt.clone();
+            if !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text
+        }
         None => {
             eprintln!(
                 "note: {} has no chat template this build renders; the message is given as \
                  plain text",
-                args.model.display()
+                p.name
             );
             args.prompt.clone()
         }
@@ -138,7 +252,13 @@ fn generate_on<B: AttentionOps>(args: &GenerateArgs, device: &B::Device) -> Resu
     if args.show_prompt {
         eprintln!("--- prompt ---\n{prompt}--- end of prompt ---");
     }
-    let ids = p.tokenizer.encode(&prompt);
+    let ids = match (&args.run, &p.chat) {
+        (Some(_), None) => p
+            .tokenizer
+            .prompt_format()
+            .start(p.tokenizer.as_ref(), &prompt, None),
+        _ => p.tokenizer.encode(&prompt),
+    };
     let params = SampleParams {
         temperature: args.temperature,
         top_p: args.top_p,
@@ -146,7 +266,7 @@ fn generate_on<B: AttentionOps>(args: &GenerateArgs, device: &B::Device) -> Resu
         stop_tokens: if args.ignore_eos {
             Vec::new()
         } else {
-            vec![p.tokenizer.eos()]
+            p.stop.clone()
         },
         on_device: false,
     };
@@ -186,7 +306,7 @@ fn generate_on<B: AttentionOps>(args: &GenerateArgs, device: &B::Device) -> Resu
     eprintln!(
         "[{}: {} layers, d_model {}, vocab {}] loaded in {load_s:.1} s; prompt {} tokens, \
          {}reply {} tokens in {gen_s:.1} s ({:.1} tokens/s){}; {} weights; peak memory {}",
-        args.model.display(),
+        p.name,
         config.n_layers,
         config.d_model,
         config.vocab_size,

@@ -9,6 +9,7 @@ mod bench_models;
 pub mod device;
 pub mod distributed;
 mod envcmd;
+mod evalcmd;
 mod generate;
 mod judgefit;
 #[cfg(feature = "distributed")]
@@ -137,6 +138,13 @@ enum Command {
         #[command(flatten)]
         args: envcmd::EnvArgs,
     },
+    /// Evaluate a run's checkpoint (the latest, or --step) without training: on its own
+    /// evaluation splits (the run's numbers at that step, exactly) or on another experiment
+    /// file's environment; prints the table and writes eval-<step>.json beside the run.
+    Eval {
+        #[command(flatten)]
+        args: evalcmd::EvalArgs,
+    },
     /// What a pretrained model (GGUF file or Hugging Face directory) answers to one user
     /// message, in its own chat template; greedy unless --temperature is given.
     Generate {
@@ -210,6 +218,7 @@ fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Bench { args } => bench::run(args),
         Command::Env { args } => envcmd::run(&args),
+        Command::Eval { args } => evalcmd::run(&args),
         Command::JudgeFit { args } => judgefit::run(&args),
         Command::Generate { args } => generate::run(&args),
         Command::Report { paths, out, bench } => {
@@ -437,7 +446,7 @@ fn seed_of_run_dir(dir: &Path) -> Result<u64> {
         .and_then(|n| n.parse().ok())
         .ok_or_else(|| {
             UsageError(format!(
-                "--resume {}: expected a run directory named seed-<n>",
+                "{}: expected a run directory named seed-<n>",
                 dir.display()
             ))
             .into()
@@ -591,13 +600,27 @@ fn build_model<B: rlany_kernels::AttentionOps>(
     init: &str,
     device: &B::Device,
 ) -> Result<(Transformer<B>, Box<dyn Tokenizer>)> {
+    build_model_with_chat(source, seed, init, device).map(|(m, t, _)| (m, t))
+}
+
+/// [`build_model`], with the pretrained file's chat template (when this build renders it).
+pub(crate) fn build_model_with_chat<B: rlany_kernels::AttentionOps>(
+    source: &ModelSource,
+    seed: u64,
+    init: &str,
+    device: &B::Device,
+) -> Result<(
+    Transformer<B>,
+    Box<dyn Tokenizer>,
+    Option<rlany_models::ChatTemplate>,
+)> {
     match source {
         ModelSource::Scratch(m) => {
             let tok = CharTokenizer::new();
             let model = scratch_config(m, tok.vocab_size())
                 .init_seeded::<B>(device, &mut Rng::derive(seed, init))
                 .context("model config")?;
-            Ok((model, Box::new(tok)))
+            Ok((model, Box::new(tok), None))
         }
         ModelSource::Pretrained(p) => {
             let path = Path::new(&p.path);
@@ -627,14 +650,14 @@ fn build_model<B: rlany_kernels::AttentionOps>(
                     t.len()
                 );
             }
-            Ok((loaded.model, Box::new(loaded.tokenizer)))
+            Ok((loaded.model, Box::new(loaded.tokenizer), loaded.chat))
         }
     }
 }
 
 /// `model` with the LoRA adapters its source asks for (frozen base, adapters drawn from the
 /// stream `stream` of `seed`); unchanged without.
-fn with_adapters<B: rlany_kernels::AttentionOps>(
+pub(crate) fn with_adapters<B: rlany_kernels::AttentionOps>(
     model: Transformer<B>,
     source: &ModelSource,
     seed: u64,

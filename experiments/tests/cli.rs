@@ -741,3 +741,94 @@ fn a_closed_stdout_ends_rlany_env_quietly() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(out.status.code(), Some(0), "{stderr}");
 }
+
+/// `rlany generate --run`: a run's trained policy answers. A from-scratch corridor policy
+/// reads the prompt as an episode (the rule's line, then a door's sign) and answers with its
+/// next action; a LoRA policy on the tiny GGUF fixture answers in its chat template, with
+/// its checkpoint's adapters.
+#[test]
+fn generate_answers_with_a_runs_trained_policy() {
+    let _cpu = shared_cpu();
+    let dir = scratch("generate-run");
+    let runs = dir.join("runs");
+    let corridor = r#"
+Experiment(
+    name: "cor_talk",
+    seeds: [2],
+    environment: Corridor(difficulty: [1.0], min_length: 3, max_length: 6, slack: 2),
+    policy: (
+        model: Scratch(d_model: 32, layers: 1, heads: 2, kv_heads: 1, ffn: 64, max_seq_len: 96),
+        warm_start: (steps: 200, batch: 16, lr: 1e-2, noise: 0.0),
+        sampling: (max_step_tokens: 4),
+    ),
+    algorithm: Ppo(lr: 1e-3, policy_updates: 1),
+    budget: (steps: 2, tasks_per_step: 4, group_size: 4, max_env_steps: 8,
+             eval_every: 2, eval_tasks: 8, checkpoint_every: 2),
+)
+"#;
+    let lora = r#"
+Experiment(
+    name: "tiny_lora",
+    seeds: [1],
+    environment: Arith(max_operands: 3, difficulty: [0.0, 0.0, 0.0]),
+    policy: (
+        model: Pretrained(path: "models/fixtures/tiny.gguf", max_seq_len: 64,
+                          lora: Some(r: 4, lora_alpha: 8, target_modules: ["q_proj", "v_proj"])),
+        warm_start: (steps: 0),
+        sampling: (max_step_tokens: 4),
+    ),
+    algorithm: Ppo(lr: 1e-2, policy_updates: 1),
+    budget: (steps: 2, tasks_per_step: 2, group_size: 4, max_env_steps: 2,
+             eval_every: 2, eval_tasks: 4, checkpoint_every: 2),
+)
+"#;
+    for (name, text) in [("cor_talk", corridor), ("tiny_lora", lora)] {
+        let file = dir.join(format!("{name}.ron"));
+        std::fs::write(&file, text).expect("write");
+        let (code, err, _) = rlany(&["run", &file.to_string_lossy()], &[], &runs);
+        assert_eq!(code, 0, "{name}: {err}");
+    }
+    let talk = |run: &str, prompt: &str, extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_rlany"))
+            .args([
+                "generate",
+                "--run",
+                run,
+                "--prompt",
+                prompt,
+                "--max-tokens",
+                "8",
+            ])
+            .args(extra)
+            .current_dir(repo_root())
+            .output()
+            .expect("rlany runs");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let cor = runs.join("cor_talk/seed-2").to_string_lossy().into_owned();
+    // The corridor's rule on its clear doors: L below 5, R otherwise (the warm start on the
+    // noiseless expert taught it).
+    for (sign, want) in [("1", "L"), ("8", "R"), ("0", "L"), ("9", "R")] {
+        let (code, reply, err) = talk(&cor, &format!("L if sign<5 else R\n{sign}"), &[]);
+        assert_eq!((code, reply.as_str()), (0, want), "door {sign}: {err}");
+        assert!(err.contains("at step-000002"), "{err}");
+    }
+    let (code, _, err) = talk(&cor, "x", &["--checkpoint", "step-000001"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("step-000002"),
+        "the kept checkpoints are named: {err}"
+    );
+    let lora_run = runs.join("tiny_lora/seed-1").to_string_lossy().into_owned();
+    let (code, _, err) = talk(&lora_run, "hi", &["--show-prompt", "--system", "s"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("<|im_start|>user\nhi<|im_end|>"),
+        "its chat template: {err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -30,6 +30,7 @@ pub mod sampling;
 pub mod shard;
 pub mod step;
 pub mod synthetic_judge;
+pub mod tensorboard;
 #[cfg(test)]
 pub(crate) mod testing;
 pub mod trainer;

@@ -1,7 +1,9 @@
 //! The run directory `runs/<name>/seed-<n>/`: `resolved.ron`, `meta.json`,
 //! `metrics.jsonl` (one JSON object per line, namespaced keys), `samples.jsonl`,
-//! `checkpoints/`.
+//! `checkpoints/`, and TensorBoard's `events.out.tfevents.*` (the same scalars and samples,
+//! [`crate::tensorboard`]).
 
+use crate::tensorboard::EventFile;
 use serde_json::{Map, Value};
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
@@ -85,6 +87,8 @@ pub struct RunDir {
     /// Whether this process writes it (`false` for the peers of a spread run other than the
     /// first, which read checkpoints from it and write nothing).
     writes: bool,
+    /// This session's TensorBoard event file (a resumed run starts a new one).
+    events: Option<EventFile>,
 }
 
 impl RunDir {
@@ -97,6 +101,7 @@ impl RunDir {
         let dir = Self {
             root: root.to_path_buf(),
             writes: true,
+            events: Some(EventFile::create(root).map_err(io(root))?),
         };
         write_atomic(&dir.root.join("resolved.ron"), resolved_ron.as_bytes())?;
         let meta = serde_json::to_string_pretty(meta).unwrap_or_default();
@@ -115,6 +120,7 @@ impl RunDir {
         Ok(Self {
             root: root.to_path_buf(),
             writes: true,
+            events: Some(EventFile::create(root).map_err(io(root))?),
         })
     }
 
@@ -124,6 +130,7 @@ impl RunDir {
         Self {
             root: root.to_path_buf(),
             writes: false,
+            events: None,
         }
     }
 
@@ -147,12 +154,30 @@ impl RunDir {
         if !self.writes {
             return Ok(());
         }
-        append_line(&self.metrics_path(), &Value::Object(m.0.clone()))
+        append_line(&self.metrics_path(), &Value::Object(m.0.clone()))?;
+        if let (Some(e), Some(step)) = (&self.events, m.get("step")) {
+            let scalars =
+                m.0.iter()
+                    .filter(|(k, _)| k.as_str() != "step")
+                    .filter_map(|(k, v)| Some((k.as_str(), v.as_f64()?)));
+            e.scalars(step as usize, scalars).map_err(io(e.path()))?;
+        }
+        Ok(())
     }
 
-    /// Appends one sample record to `samples.jsonl`.
+    /// Appends one sample record to `samples.jsonl` (and, as text, to the event file).
     pub fn sample(&self, v: &Value) -> Result<(), RunDirError> {
-        self.append("samples.jsonl", v)
+        self.append("samples.jsonl", v)?;
+        if let (Some(e), Some(step)) = (&self.events, v.get("step").and_then(Value::as_u64)) {
+            let split = v.get("split").and_then(Value::as_str).unwrap_or("samples");
+            e.text(
+                step as usize,
+                &format!("samples/{split}"),
+                &sample_markdown(v),
+            )
+            .map_err(io(e.path()))?;
+        }
+        Ok(())
     }
 
     /// Appends one JSON line to the run's file `name` (e.g. `posterior.jsonl`).
@@ -168,6 +193,9 @@ impl RunDir {
     pub fn truncate_after(&self, step: usize) -> Result<(), RunDirError> {
         if !self.writes {
             return Ok(());
+        }
+        if let Some(e) = &self.events {
+            e.restart(step + 1).map_err(io(e.path()))?;
         }
         for name in [
             "metrics.jsonl",
@@ -196,6 +224,50 @@ impl RunDir {
         }
         Ok(())
     }
+}
+
+/// A sample record (`samples.jsonl`: prompt, steps with the oracle's label and the judge's
+/// verdicts, outcome) as markdown for TensorBoard's text tab.
+fn sample_markdown(v: &Value) -> String {
+    let text = |v: Option<&Value>| match v {
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+        None => String::new(),
+    };
+    let mut md = format!("**outcome** {}\n\n", text(v.get("outcome")));
+    for line in text(v.get("prompt")).lines() {
+        md.push_str(&format!("    {line}\n"));
+    }
+    md.push_str("\n| step | oracle | verdicts |\n|---|---|---|\n");
+    for s in v
+        .get("steps")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let oracle = match s.get("oracle").and_then(Value::as_bool) {
+            Some(true) => "right",
+            Some(false) => "wrong",
+            None => "-",
+        };
+        let verdicts: Vec<String> = s
+            .get("verdicts")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|x| match x.as_f64() {
+                Some(v) if v > 0.0 => "+".to_string(),
+                Some(_) => "-".to_string(),
+                None => text(Some(x)),
+            })
+            .collect();
+        let step = text(s.get("text")).replace('|', "\\|").replace('\n', " ");
+        md.push_str(&format!(
+            "| `{step}` | {oracle} | {} |\n",
+            verdicts.join(" ")
+        ));
+    }
+    md
 }
 
 /// Reads every line of a JSON-lines file as `(value, raw text)`. A last line cut short (a
@@ -362,6 +434,48 @@ mod tests {
             RunDir::open(&root, "Y()"),
             Err(RunDirError::Mismatch { .. })
         ));
+        let _ = fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn the_event_file_holds_every_scalar_and_sample_as_written() {
+        let root = std::env::temp_dir().join(format!("rlany-rundir-tb-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let dir = RunDir::create(&root, "X()", &Value::Null).expect("create");
+        let mut m = Metrics::new(4);
+        m.set("eval/acc_id", 0.75);
+        m.set("ppo/loss", f64::NAN); // written as null, not as a scalar
+        dir.log(&m).expect("log");
+        let sample = serde_json::json!({"step": 4, "split": "id", "prompt": "Door 3", "outcome": 1.0,
+            "steps": [{"text": "L", "oracle": true, "verdicts": [1, -1]}]});
+        dir.sample(&sample).expect("sample");
+        dir.truncate_after(4).expect("resume point");
+        let files: Vec<PathBuf> = fs::read_dir(&root)
+            .expect("dir")
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.to_string_lossy().contains("tfevents"))
+            .collect();
+        assert_eq!(files.len(), 1);
+        let events = crate::tensorboard::read_events(&files[0]).expect("events");
+        // Version, the step's scalars, the sample's text, the restart at step 5.
+        assert_eq!(events.len(), 4);
+        let scalars = &events[1].summary.as_ref().expect("scalars").value;
+        assert_eq!(events[1].step, 4);
+        let tags: Vec<(&str, Option<f32>)> = scalars
+            .iter()
+            .map(|v| (v.tag.as_str(), v.simple_value))
+            .collect();
+        assert_eq!(tags, [("eval/acc_id", Some(0.75))]);
+        let text = &events[2].summary.as_ref().expect("text").value[0];
+        assert_eq!(text.tag, "samples/id");
+        let md = String::from_utf8(text.tensor.as_ref().expect("tensor").string_val[0].clone())
+            .expect("utf8");
+        assert_eq!(
+            md,
+            "**outcome** 1.0\n\n    Door 3\n\n| step | oracle | verdicts |\n|---|---|---|\n| `L` | right | + - |\n"
+        );
+        assert_eq!((events[3].step, events[3].session_log.is_some()), (5, true));
         let _ = fs::remove_dir_all(&root);
     }
 

@@ -2345,3 +2345,100 @@ fn the_corridor_control_perfect_judge_beats_outcome_only() {
     );
     let _ = fs::remove_dir_all(dir);
 }
+
+/// A short corridor run whose greedy evaluation and frozen judge are neither perfect nor at
+/// zero (so that an evaluation that differed would show).
+const CORRIDOR_EVAL: &str = r#"
+Experiment(
+    name: "cor_eval",
+    seeds: [3],
+    environment: Corridor(difficulty: [1.0], min_length: 5, max_length: 14, slack: 2),
+    policy: (
+        model: Scratch(d_model: 32, layers: 1, heads: 2, kv_heads: 1, ffn: 64, max_seq_len: 96),
+        warm_start: (steps: 80, batch: 16, lr: 1e-2, noise: 0.5),
+        sampling: (max_step_tokens: 4),
+    ),
+    judge: Frozen(model: Scratch(d_model: 32, layers: 1, heads: 2, kv_heads: 1, ffn: 64, max_seq_len: 96),
+        warm_start: (labels: 200, label_noise: 0.0, steps: 150, batch: 16, lr: 3e-3, validation: 0.0),
+        history: Steps),
+    reward: (policy_band: (0.1, 0.9)),
+    algorithm: Ppo(lr: 1e-3, policy_updates: 1),
+    budget: (steps: 4, tasks_per_step: 4, group_size: 4, max_env_steps: 10,
+             eval_every: 2, eval_tasks: 16, checkpoint_every: 2, eval_start_tasks: 8),
+)
+"#;
+
+#[test]
+fn eval_reproduces_a_runs_own_evaluation_and_evaluates_on_another_file() {
+    let dir = scratch("eval-cli");
+    let (code, run) = run_file(&dir, "cor.ron", CORRIDOR_EVAL, "cor_eval", &[]);
+    assert_eq!(code, 0);
+    let run_s = run.to_string_lossy().into_owned();
+    // The checkpoint of step 2 (not the latest) against the run's own step-2 evaluation.
+    assert_eq!(rlany(&["eval", &run_s, "--step", "2", "--no-progress"]), 0);
+    let record: Value =
+        serde_json::from_str(&fs::read_to_string(run.join("eval-2.json")).expect("eval-2.json"))
+            .expect("eval json");
+    assert_eq!(record["step"], 2);
+    let evaluated = record["metrics"].as_object().expect("metrics");
+    let logged = metrics(&run)
+        .into_iter()
+        .find(|m| m["step"] == 2)
+        .expect("step-2 metrics");
+    let measured = |m: &serde_json::Map<String, Value>| -> Vec<(String, Value)> {
+        m.iter()
+            .filter(|(k, _)| k.starts_with("eval/") || k.starts_with("judge/eval"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    let (ours, theirs) = (
+        measured(evaluated),
+        measured(logged.as_object().expect("line")),
+    );
+    assert!(ours.len() >= 20, "{ours:?}");
+    assert_eq!(
+        ours, theirs,
+        "rlany eval against the run's own step-2 evaluation"
+    );
+    // Neither trivially perfect nor zero: the comparison above can fail.
+    let acc = evaluated["eval/acc_id"].as_f64().expect("acc");
+    let judge = evaluated["judge/eval_bal_acc"].as_f64().expect("judge");
+    assert!(
+        acc > 0.0 && acc < 1.0 && judge > 0.5 && judge < 1.0,
+        "{acc} {judge}"
+    );
+
+    // Another file's environment (longer corridors) with the same models, fewer tasks.
+    let longer = CORRIDOR_EVAL
+        .replace(
+            "min_length: 5, max_length: 14",
+            "min_length: 10, max_length: 20",
+        )
+        .replace("\"cor_eval\"", "\"cor_longer\"");
+    let other = write(&dir, "longer.ron", &longer);
+    let args = [
+        "eval",
+        &run_s,
+        "--experiment",
+        &other,
+        "--tasks",
+        "8",
+        "--no-progress",
+    ];
+    assert_eq!(rlany(&args), 0);
+    let record: Value = serde_json::from_str(
+        &fs::read_to_string(run.join("eval-4-cor_longer-tasks-8.json")).expect("record"),
+    )
+    .expect("json");
+    assert_eq!(record["eval_tasks"], 8);
+    assert!(record["metrics"]["eval/acc_id"].is_number());
+    // A file with another policy model is refused (exit 2), as is a checkpoint not kept.
+    let wider = write(
+        &dir,
+        "wider.ron",
+        &longer.replacen("d_model: 32", "d_model: 48", 1),
+    );
+    assert_eq!(rlany(&["eval", &run_s, "--experiment", &wider]), 2);
+    assert_eq!(rlany(&["eval", &run_s, "--step", "3"]), 2);
+    let _ = fs::remove_dir_all(dir);
+}

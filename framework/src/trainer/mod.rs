@@ -50,12 +50,14 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
+mod checkpoint_eval;
 mod evaluation;
 mod learnability;
 #[cfg(test)]
 mod tests;
 mod warm;
 
+pub use checkpoint_eval::{CheckpointEval, EvalOptions, evaluate_checkpoint};
 pub use learnability::{CellResult, LearnCell, judge_learnability};
 
 /// Why a run stopped early.
