@@ -236,8 +236,11 @@ fn the_examples_of_the_doc_parse_and_its_overrides_apply() {
         .iter()
         .enumerate()
         .map(|(i, text)| {
-            rlany::Experiment::parse(text, Path::new(&format!("example {}", i + 1)))
-                .unwrap_or_else(|e| panic!("{e}\n{text}"))
+            // Read as if beside the arith suite's rows: the `base:` example names its row 0.
+            let at = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("ablation/arith")
+                .join(format!("doc-example-{}.ron", i + 1));
+            rlany::Experiment::parse(text, &at).unwrap_or_else(|e| panic!("{e}\n{text}"))
         })
         .collect();
     let commands = set_examples(&doc);

@@ -940,23 +940,52 @@ impl<E: EnvironmentChoice, A: AdaptationChoice> Experiment<E, A> {
         Self::parse(&text, path)
     }
 
-    /// Parses and validates experiment text; `path` is only used in messages.
+    /// Parses and validates experiment text; `path` is where it was read from (a `base:`
+    /// is relative to it) and is named in messages.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ExperimentError> {
-        let exp: Self = ron_options()
-            .from_str(text)
-            .map_err(|e| ExperimentError::Parse {
+        let composed = crate::compose::compose(text, path)?;
+        let Some(c) = composed else {
+            let exp: Self = ron_options()
+                .from_str(text)
+                .map_err(|e| ExperimentError::Parse {
+                    path: path.to_path_buf(),
+                    line: e.position.line,
+                    col: e.position.col,
+                    message: e.code.to_string(),
+                })?;
+            exp.validate().map_err(|e| ExperimentError::Invalid {
                 path: path.to_path_buf(),
-                line: e.position.line,
-                col: e.position.col,
-                message: e.code.to_string(),
+                location: check::locate(text, &e.field)
+                    .map(|l| format!(":{l}"))
+                    .unwrap_or_default(),
+                field: e.field,
+                message: e.message,
             })?;
-        exp.validate().map_err(|e| ExperimentError::Invalid {
-            path: path.to_path_buf(),
-            location: check::locate(text, &e.field)
-                .map(|l| format!(":{l}"))
-                .unwrap_or_default(),
-            field: e.field,
-            message: e.message,
+            return Ok(exp);
+        };
+        // A change to a base: errors name the file of the chain that writes the field.
+        let exp: Self = ron_options().from_str(&c.text).map_err(|e| {
+            let field = c.field_at(e.position.line).unwrap_or("?").to_string();
+            let (file, line) = c.locate(&field);
+            ExperimentError::Parse {
+                path: file,
+                line: line.unwrap_or(1),
+                col: 1,
+                message: format!(
+                    "{} (in `{field}`, of the experiment composed as {})",
+                    e.code,
+                    c.chain()
+                ),
+            }
+        })?;
+        exp.validate().map_err(|e| {
+            let (file, line) = c.locate(&e.field);
+            ExperimentError::Invalid {
+                path: file,
+                location: line.map(|l| format!(":{l}")).unwrap_or_default(),
+                field: e.field,
+                message: e.message,
+            }
         })?;
         Ok(exp)
     }

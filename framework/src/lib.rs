@@ -10,6 +10,7 @@ pub mod advantage;
 pub mod batch;
 pub mod check;
 pub mod checkpoint;
+mod compose;
 pub mod digest;
 pub mod env;
 pub mod eval;

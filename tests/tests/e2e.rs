@@ -662,6 +662,108 @@ fn shipped_experiment_files_are_valid() {
             "{names:?}"
         );
     }
+    // Every file resolves to the experiment recorded in tests/fixtures/resolved-experiments.txt
+    // (a digest of its resolved.ron): a file rewritten as a change to another (`base:`) or
+    // reformatted must still be the same experiment. `RLANY_BLESS=1` records the digests
+    // after a deliberate change of an experiment.
+    let record = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/resolved-experiments.txt");
+    let mut now: Vec<String> = files
+        .iter()
+        .map(|p| {
+            let exp = rlany::Experiment::load(p).unwrap_or_else(|e| panic!("{e}"));
+            let digest = rlany_framework::digest::Fnv1a::of(exp.to_ron().as_bytes());
+            let name = p.strip_prefix(&root).unwrap_or(p).display().to_string();
+            format!("{name} {digest:016x}")
+        })
+        .collect();
+    now.sort();
+    if std::env::var_os("RLANY_BLESS").is_some() {
+        fs::write(&record, now.join("\n") + "\n").expect("write the record");
+    }
+    let recorded = fs::read_to_string(&record).expect("tests/fixtures/resolved-experiments.txt");
+    let recorded: Vec<&str> = recorded.lines().collect();
+    for line in &now {
+        assert!(
+            recorded.contains(&line.as_str()),
+            "{line}: not the recorded experiment (a changed experiment is recorded with \
+             RLANY_BLESS=1)"
+        );
+    }
+    assert_eq!(
+        recorded.len(),
+        now.len(),
+        "files added or removed: record them"
+    );
+}
+
+/// `base:` — an experiment written as a change to another: the change's fields over its
+/// base's, the same as the whole file written out; a loop of bases and a mistake in the
+/// change are errors naming the file.
+#[test]
+fn an_experiment_as_a_change_to_another_resolves_to_the_whole_file() {
+    let dir = scratch("compose");
+    write(&dir, "base.ron", TINY);
+    let change = "// a change to the tiny experiment\nExperiment(\n    base: \"base.ron\",\n    \
+                  name: \"tiny_change\",\n    policy: (warm_start: (steps: 40)),\n    \
+                  budget: (group_size: 4, eval_every: 3),\n)\n";
+    let changed = write(&dir, "change.ron", change);
+    // A change of a change.
+    let again = write(
+        &dir,
+        "again.ron",
+        "Experiment(base: \"change.ron\", name: \"tiny_again\", algorithm: Ppo(lr: 5e-4))",
+    );
+    let whole = TINY
+        .replace("name: \"tiny\"", "name: \"tiny_change\"")
+        .replace("warm_start: (steps: 120", "warm_start: (steps: 40")
+        .replace("group_size: 6", "group_size: 4")
+        .replace("eval_every: 2", "eval_every: 3");
+    let whole = write(&dir, "whole.ron", &whole);
+    let load = |p: &str| rlany::Experiment::load(Path::new(p)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(load(&changed).to_ron(), load(&whole).to_ron());
+    let twice = load(&again);
+    assert_eq!(twice.ppo().lr, 5e-4);
+    assert_eq!(
+        (twice.budget.group_size, twice.ppo().policy_updates),
+        (4, 2)
+    );
+    // A loop of bases, named; a typo in the change, at its line in the change.
+    write(
+        &dir,
+        "loop_a.ron",
+        "Experiment(base: \"loop_b.ron\", name: \"a\")",
+    );
+    let looped = write(
+        &dir,
+        "loop_b.ron",
+        "Experiment(base: \"loop_a.ron\", name: \"b\")",
+    );
+    let e = rlany::Experiment::load(Path::new(&looped)).expect_err("a loop");
+    assert!(e.to_string().contains("closes a loop of bases"), "{e}");
+    let typo = write(
+        &dir,
+        "typo.ron",
+        "Experiment(\n    base: \"base.ron\",\n    budget: (group_sise: 4),\n)",
+    );
+    let e = rlany::Experiment::load(Path::new(&typo))
+        .expect_err("a typo")
+        .to_string();
+    assert!(e.contains("typo.ron:3") && e.contains("group_sise"), "{e}");
+    let bad = write(
+        &dir,
+        "bad.ron",
+        "Experiment(\n    base: \"base.ron\",\n\n    budget: (group_size: 0),\n)",
+    );
+    let e = rlany::Experiment::load(Path::new(&bad))
+        .expect_err("out of range")
+        .to_string();
+    assert!(
+        e.contains("bad.ron:4") && e.contains("budget.group_size"),
+        "{e}"
+    );
+    // `rlany check` prints the whole experiment; a run records it in resolved.ron.
+    assert_eq!(rlany(&["check", "-q", &changed]), 0);
+    let _ = fs::remove_dir_all(dir);
 }
 
 /// The pretrained experiment's model file (fetched by `models/fetch-smollm2.sh`; `.ci/run`
