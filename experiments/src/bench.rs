@@ -51,7 +51,8 @@ pub(crate) struct BenchArgs {
     /// With --models: only workloads whose name starts with one of these (e.g. R_small,T_small).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
-    /// ndarray, wgpu, cuda or cuda:N (wgpu / cuda need the matching cargo feature).
+    /// ndarray, flex, wgpu, cuda or cuda:N (flex, wgpu and cuda need the matching cargo
+    /// feature).
     #[arg(long, default_value = "ndarray")]
     backend: String,
     /// Also write the results as JSON here.

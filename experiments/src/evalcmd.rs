@@ -35,7 +35,8 @@ pub struct EvalArgs {
     /// Seed of the evaluation's tasks (default: the run's, which reproduces its evaluations).
     #[arg(long)]
     seed: Option<u64>,
-    /// Override the backend: ndarray, wgpu, cuda or cuda:N.
+    /// Override the backend: ndarray, flex, wgpu, cuda or cuda:N (flex, wgpu and cuda as compiled
+    /// in: `--features flex`, `wgpu`, `cuda`).
     #[arg(long)]
     backend: Option<String>,
     /// No progress bar.

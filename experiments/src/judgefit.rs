@@ -32,7 +32,8 @@ pub struct JudgeFitArgs {
     /// Override a field: PATH=VALUE (e.g. judge.warm_start.steps=500); repeatable.
     #[arg(long = "set", value_name = "PATH=VALUE")]
     sets: Vec<String>,
-    /// Override the experiment's backend: ndarray, wgpu, cuda or cuda:N.
+    /// Override the experiment's backend: ndarray, flex, wgpu, cuda or cuda:N (flex, wgpu and cuda
+    /// as compiled in: `--features flex`, `wgpu`, `cuda`).
     #[arg(long)]
     backend: Option<String>,
     /// Where the policies' warm starts are shared (RUNS_DIR/.warm-cache, as `rlany run`).

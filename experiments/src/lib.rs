@@ -50,7 +50,8 @@ enum Command {
     Run {
         /// The experiment file (.ron).
         file: PathBuf,
-        /// Override the experiment's backend: ndarray, wgpu, cuda or cuda:N.
+        /// Override the experiment's backend: ndarray, flex, wgpu, cuda or cuda:N (flex, wgpu and
+        /// cuda as compiled in: `--features flex`, `wgpu`, `cuda`).
         #[arg(long)]
         backend: Option<String>,
         /// Run only this seed (need not be listed in the file).
@@ -93,7 +94,8 @@ enum Command {
         /// These seeds, comma-separated (overrides the files' lists).
         #[arg(long, value_delimiter = ',')]
         seed_list: Vec<u64>,
-        /// Override the experiments' backend: ndarray, wgpu, cuda or cuda:N.
+        /// Override the experiments' backend: ndarray, flex, wgpu, cuda or cuda:N (flex, wgpu and
+        /// cuda as compiled in: `--features flex`, `wgpu`, `cuda`).
         #[arg(long)]
         backend: Option<String>,
         /// Override a field of every row: PATH=VALUE; repeatable.
