@@ -605,17 +605,21 @@ fn build_model<B: rlany_kernels::AttentionOps>(
     build_model_with_chat(source, seed, init, device).map(|(m, t, _)| (m, t))
 }
 
+/// A model, the tokenizer it reads and its chat template (a pretrained file's, when this
+/// build renders it).
+pub(crate) type BuiltModel<B> = (
+    Transformer<B>,
+    Box<dyn Tokenizer>,
+    Option<rlany_models::ChatTemplate>,
+);
+
 /// [`build_model`], with the pretrained file's chat template (when this build renders it).
 pub(crate) fn build_model_with_chat<B: rlany_kernels::AttentionOps>(
     source: &ModelSource,
     seed: u64,
     init: &str,
     device: &B::Device,
-) -> Result<(
-    Transformer<B>,
-    Box<dyn Tokenizer>,
-    Option<rlany_models::ChatTemplate>,
-)> {
+) -> Result<BuiltModel<B>> {
     match source {
         ModelSource::Scratch(m) => {
             let tok = CharTokenizer::new();
