@@ -274,7 +274,7 @@ fn curves(groups: &[((usize, f64), Vec<&Cell>)]) -> Figure {
         label: "kept checkpoint".into(),
     });
     Figure {
-        title: "The judge's learning curves by label count and label noise".into(),
+        title: "The judge's learning curves".into(),
         cols: labels.len().max(1),
         panel: (360, 260),
         panels,
