@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use burn::module::AutodiffModule;
 use rlany_framework::{CausalLm, Rng, SampleParams, Tokenizer, shard};
 use rlany_kernels::AttentionOps;
 use rlany_models::{ChatTemplate, Role, Transformer, load_pretrained, packed_weights};
@@ -164,44 +163,26 @@ fn trained<B: rlany_kernels::LogProbOps>(
     args: &GenerateArgs,
     device: &B::Device,
 ) -> Result<Speaker<B>> {
-    type Ad<B> = burn::backend::Autodiff<B>;
-    let exp = crate::Experiment::load(&run.join("resolved.ron"))
-        .with_context(|| format!("{}: not a run directory", run.display()))?;
-    let seed = crate::seed_of_run_dir(run)?;
-    let source = &exp.policy.model;
-    let (model, tokenizer, chat) =
-        crate::build_model_with_chat::<Ad<B>>(source, seed, "policy-init", device)
-            .context("policy model")?;
-    let model = crate::with_adapters(model, source, seed, "policy-lora");
-    let checkpoints = run.join("checkpoints");
-    let ckpt = match &args.checkpoint {
-        Some(name) => rlany_framework::checkpoint::Reader::named(&checkpoints, name)?,
-        None => rlany_framework::checkpoint::Reader::latest(&checkpoints)?,
-    };
-    let model = ckpt.trainable("policy", model, device)?.valid();
-    let model = model
+    let p = crate::run_policy::<B>(run, args.checkpoint.as_deref(), device)?;
+    let model = p
+        .model
         .clone()
-        .with_max_seq_len(args.max_seq_len.min(model.config().max_seq_len));
+        .with_max_seq_len(args.max_seq_len.min(p.model.config().max_seq_len));
     // A chat model replies until its end of message; a from-scratch policy writes one
     // action, a line, as in its episodes.
-    let stop = match chat {
-        Some(_) => vec![tokenizer.eos()],
-        None => tokenizer.prompt_format().stop_tokens(tokenizer.as_ref()),
+    let stop = match p.chat {
+        Some(_) => vec![p.tokenizer.eos()],
+        None => p
+            .tokenizer
+            .prompt_format()
+            .stop_tokens(p.tokenizer.as_ref()),
     };
-    let name = format!(
-        "{} at {}",
-        run.display(),
-        ckpt.dir()
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default()
-    );
     Ok(Speaker {
         model,
-        tokenizer,
-        chat,
+        name: format!("{} at {}", run.display(), p.checkpoint),
+        tokenizer: p.tokenizer,
+        chat: p.chat,
         stop,
-        name,
     })
 }
 

@@ -10,6 +10,7 @@ pub mod device;
 pub mod distributed;
 mod envcmd;
 mod evalcmd;
+mod exportcmd;
 mod generate;
 mod judgefit;
 #[cfg(feature = "distributed")]
@@ -147,6 +148,12 @@ enum Command {
         #[command(flatten)]
         args: evalcmd::EvalArgs,
     },
+    /// Write a run's trained policy in a format other tools load: `hf` (a Hugging Face
+    /// directory, LoRA adapters merged) or `peft` (the adapters alone, PEFT's names).
+    Export {
+        #[command(flatten)]
+        args: exportcmd::ExportArgs,
+    },
     /// What a pretrained model (GGUF file or Hugging Face directory) answers to one user
     /// message, in its own chat template; greedy unless --temperature is given.
     Generate {
@@ -221,6 +228,7 @@ fn dispatch(cli: Cli) -> Result<()> {
         Command::Bench { args } => bench::run(args),
         Command::Env { args } => envcmd::run(&args),
         Command::Eval { args } => evalcmd::run(&args),
+        Command::Export { args } => exportcmd::run(&args),
         Command::JudgeFit { args } => judgefit::run(&args),
         Command::Generate { args } => generate::run(&args),
         Command::Report { paths, out, bench } => {
@@ -612,6 +620,65 @@ pub(crate) type BuiltModel<B> = (
     Box<dyn Tokenizer>,
     Option<rlany_models::ChatTemplate>,
 );
+
+/// A run's trained policy at one of its checkpoints.
+pub(crate) struct RunPolicy<B: burn::prelude::Backend> {
+    /// The model the run's experiment names (adapters included) with the checkpoint's
+    /// trainable weights.
+    pub model: Transformer<B>,
+    /// The tokenizer it reads.
+    pub tokenizer: Box<dyn Tokenizer>,
+    /// A pretrained file's chat template.
+    pub chat: Option<rlany_models::ChatTemplate>,
+    /// The run's experiment (its `resolved.ron`).
+    pub exp: Experiment,
+    /// The checkpoint's name (`step-000040`).
+    pub checkpoint: String,
+}
+
+/// The policy of the run in `run` (`runs/<name>/seed-<n>`) at `checkpoint` (default the
+/// latest): built as its experiment names it, then given the checkpoint's weights.
+pub(crate) fn run_policy<B: rlany_kernels::LogProbOps>(
+    run: &Path,
+    checkpoint: Option<&str>,
+    device: &B::Device,
+) -> Result<RunPolicy<B>> {
+    use burn::module::AutodiffModule;
+    type Ad<B> = burn::backend::Autodiff<B>;
+    let resolved = run.join("resolved.ron");
+    if !resolved.exists() {
+        return Err(UsageError(format!(
+            "{}: not a run directory (no resolved.ron; expected runs/<name>/seed-<n>)",
+            run.display()
+        ))
+        .into());
+    }
+    let exp = Experiment::load(&resolved)?;
+    let seed = seed_of_run_dir(run)?;
+    let source = &exp.policy.model;
+    let (model, tokenizer, chat) =
+        build_model_with_chat::<Ad<B>>(source, seed, "policy-init", device)
+            .context("policy model")?;
+    let model = with_adapters(model, source, seed, "policy-lora");
+    let checkpoints = run.join("checkpoints");
+    let ckpt = match checkpoint {
+        Some(name) => rlany_framework::checkpoint::Reader::named(&checkpoints, name)?,
+        None => rlany_framework::checkpoint::Reader::latest(&checkpoints)?,
+    };
+    let model = ckpt.trainable("policy", model, device)?.valid();
+    let checkpoint = ckpt
+        .dir()
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Ok(RunPolicy {
+        model,
+        tokenizer,
+        chat,
+        exp,
+        checkpoint,
+    })
+}
 
 /// [`build_model`], with the pretrained file's chat template (when this build renders it).
 pub(crate) fn build_model_with_chat<B: rlany_kernels::AttentionOps>(

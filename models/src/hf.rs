@@ -478,7 +478,10 @@ fn read_index(path: &Path) -> Result<BTreeMap<String, BTreeSet<String>>, ModelEr
 
 /// Reads every tensor of the safetensors file at `path` into `out` as f32 (the whole file is
 /// read into memory first) and returns their names. A name already in `out` is an error.
-fn read_safetensors_into(path: &Path, out: &mut HfWeights) -> Result<Vec<String>, ModelError> {
+pub(crate) fn read_safetensors_into(
+    path: &Path,
+    out: &mut HfWeights,
+) -> Result<Vec<String>, ModelError> {
     let bytes =
         std::fs::read(path).map_err(|e| load_error(path, format!("cannot read the file: {e}")))?;
     let file = SafeTensors::deserialize(&bytes)
@@ -556,7 +559,7 @@ impl View for F32View<'_> {
 
 /// Writes `weights` as an F32 safetensors file with `transformers`' `{"format": "pt"}`
 /// metadata.
-fn write_safetensors(path: &Path, weights: &HfWeights) -> Result<(), ModelError> {
+pub(crate) fn write_safetensors(path: &Path, weights: &HfWeights) -> Result<(), ModelError> {
     let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
     safetensors::serialize_to_file(
         weights.iter().map(|(name, t)| (name.as_str(), F32View(t))),

@@ -18,6 +18,7 @@ mod hf;
 mod kv_cache;
 pub mod lora;
 pub mod packed;
+pub mod peft;
 mod pretrained;
 mod tokenizer;
 mod transformer;

@@ -63,6 +63,20 @@ impl<B: Backend> LoraAdapter<B> {
             .mul_scalar(self.scaling)
     }
 
+    /// `A` (`[d_in, r]`) and `B` (`[r, d_out]`).
+    pub(crate) fn parts(&self) -> (Tensor<B, 2>, Tensor<B, 2>) {
+        (self.a.val(), self.b.val())
+    }
+
+    /// The same adapter with `A` and `B` replaced (shapes checked by the caller).
+    pub(crate) fn with_parts(self, a: Tensor<B, 2>, b: Tensor<B, 2>) -> Self {
+        Self {
+            a: self.a.map(|_| a),
+            b: self.b.map(|_| b),
+            scaling: self.scaling,
+        }
+    }
+
     /// The dense update `s · A·B` this adapter adds to its projection's weight.
     ///
     /// # Shapes
@@ -83,6 +97,35 @@ pub struct BlockLora<B: Backend> {
     pub(crate) gate_proj: Option<LoraAdapter<B>>,
     pub(crate) up_proj: Option<LoraAdapter<B>>,
     pub(crate) down_proj: Option<LoraAdapter<B>>,
+}
+
+impl<B: Backend> BlockLora<B> {
+    /// Each projection's adapter with its module path in a Hugging Face Llama block
+    /// (`self_attn.q_proj`, …, `mlp.down_proj`).
+    pub(crate) fn named(&self) -> [(&'static str, Option<&LoraAdapter<B>>); 7] {
+        [
+            ("self_attn.q_proj", self.q_proj.as_ref()),
+            ("self_attn.k_proj", self.k_proj.as_ref()),
+            ("self_attn.v_proj", self.v_proj.as_ref()),
+            ("self_attn.o_proj", self.o_proj.as_ref()),
+            ("mlp.gate_proj", self.gate_proj.as_ref()),
+            ("mlp.up_proj", self.up_proj.as_ref()),
+            ("mlp.down_proj", self.down_proj.as_ref()),
+        ]
+    }
+
+    /// [`BlockLora::named`], to change.
+    pub(crate) fn named_mut(&mut self) -> [(&'static str, &mut Option<LoraAdapter<B>>); 7] {
+        [
+            ("self_attn.q_proj", &mut self.q_proj),
+            ("self_attn.k_proj", &mut self.k_proj),
+            ("self_attn.v_proj", &mut self.v_proj),
+            ("self_attn.o_proj", &mut self.o_proj),
+            ("mlp.gate_proj", &mut self.gate_proj),
+            ("mlp.up_proj", &mut self.up_proj),
+            ("mlp.down_proj", &mut self.down_proj),
+        ]
+    }
 }
 
 #[cfg(test)]

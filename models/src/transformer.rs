@@ -736,7 +736,17 @@ impl<B: AttentionOps> Transformer<B> {
         self.packed.is_some()
     }
 
-    /// Whether any block carries LoRA adapters.
+    /// Each block's adapters (`None` for a block without), in layer order.
+    pub(crate) fn lora_blocks(&self) -> impl Iterator<Item = Option<&BlockLora<B>>> {
+        self.blocks.iter().map(|b| b.lora.as_ref())
+    }
+
+    /// [`Transformer::lora_blocks`], to change.
+    pub(crate) fn lora_blocks_mut(&mut self) -> impl Iterator<Item = &mut Option<BlockLora<B>>> {
+        self.blocks.iter_mut().map(|b| &mut b.lora)
+    }
+
+    /// Whether any block has adapters.
     pub fn has_lora(&self) -> bool {
         self.blocks.iter().any(|b| b.lora.is_some())
     }
