@@ -666,11 +666,7 @@ pub(crate) fn run_policy<B: rlany_kernels::LogProbOps>(
         None => rlany_framework::checkpoint::Reader::latest(&checkpoints)?,
     };
     let model = ckpt.trainable("policy", model, device)?.valid();
-    let checkpoint = ckpt
-        .dir()
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let checkpoint = ckpt.name();
     Ok(RunPolicy {
         model,
         tokenizer,

@@ -279,6 +279,14 @@ impl Reader {
         &self.dir
     }
 
+    /// The checkpoint's name (its directory's, e.g. `step-000040`).
+    pub fn name(&self) -> String {
+        self.dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
     /// Loads `<name>.mpk` into `module` (whose structure must match).
     pub fn module<B: Backend, M: Module<B>>(
         &self,

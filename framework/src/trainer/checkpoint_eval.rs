@@ -80,14 +80,9 @@ where
     run.state = state;
     let mut m = Metrics::new(step);
     run.evaluate(&mut m, step)?;
-    let checkpoint = ckpt
-        .dir()
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
     Ok(CheckpointEval {
         step,
-        checkpoint,
+        checkpoint: ckpt.name(),
         metrics: m,
     })
 }
