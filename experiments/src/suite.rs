@@ -14,6 +14,9 @@
 //!   seed already started; warm starts are still computed once, see `next_job`). Every run
 //!   is a function of its seed and settings alone: the metrics do not depend on N.
 //! - One progress display over the whole suite, one summary line per finished run.
+//! - A run whose judge fails its gate (`judge.gate`) is not a failure of the suite: it is
+//!   reported as gated out, its step-0 metrics kept as `gated.jsonl` beside its resolved file
+//!   (so no report counts it as a run), and the other runs go on.
 
 use crate::{
     Experiment, UsageError, WARM_CACHE, meta_json, overrides, print_summary, run as run_seed,
@@ -237,8 +240,24 @@ pub fn ablate(o: &SuiteOptions) -> Result<()> {
             observer: Some(observer),
         };
         let started = std::time::Instant::now();
-        let summary =
-            run_seed(exp, seed, &opts).with_context(|| format!("run {}", dir.display()))?;
+        let summary = match run_seed(exp, seed, &opts) {
+            Ok(summary) => summary,
+            Err(e) if gated(&e) => {
+                // A precondition of the row, not a failure of the suite: the run's step-0
+                // metrics are kept as `gated.jsonl` (no report reads them as a run) and the
+                // other runs go on.
+                let metrics = dir.join("metrics.jsonl");
+                std::fs::rename(&metrics, dir.join("gated.jsonl"))
+                    .with_context(|| format!("setting aside {}", metrics.display()))?;
+                let line = format!("{} seed {seed}: gated out, not trained: {e:#}", exp.name);
+                match bar.lock() {
+                    Ok(b) => b.println(&line),
+                    Err(_) => eprintln!("{line}"),
+                }
+                return Ok(());
+            }
+            Err(e) => return Err(e).with_context(|| format!("run {}", dir.display())),
+        };
         let line = crate::summary_line(exp, seed, &dir, &summary, started.elapsed().as_secs_f64());
         match bar.lock() {
             Ok(b) => b.println(&line),
@@ -344,6 +363,16 @@ fn next_job(states: &[JobState], seeds: &[u64]) -> Option<usize> {
         .or_else(|| (0..states.len()).find(pending))
 }
 
+/// Whether a run stopped at its judge's gate (`judge.gate`).
+fn gated(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<rlany_framework::TrainError>(),
+            Some(rlany_framework::TrainError::JudgeGate { .. })
+        )
+    })
+}
+
 /// `suite.json`: the rows in order with their baselines (the row above unless the file
 /// names another), for the report.
 fn write_suite_json(out: &Path, rows: &[Row]) -> Result<()> {
@@ -392,6 +421,27 @@ fn clean_stale_tmp(cache: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_judge_gate_is_told_apart_from_other_failures() {
+        use rlany_framework::TrainError;
+        let gate = TrainError::JudgeGate {
+            metric: "judge/eval_bal_acc/borderline".into(),
+            value: Some(0.6),
+            min: 0.8,
+            max: 0.95,
+        };
+        let wrapped = anyhow::Error::from(gate).context("run runs/x/seed-1");
+        assert!(gated(&wrapped));
+        assert!(format!("{wrapped:#}").contains("is 0.6000 at step 0, the gate is [0.8, 0.95]"));
+        let other = TrainError::NonFinite {
+            step: 3,
+            what: "policy loss".into(),
+        };
+        assert!(!gated(
+            &anyhow::Error::from(other).context("run runs/x/seed-1")
+        ));
+    }
 
     #[test]
     fn run_states() {

@@ -613,6 +613,38 @@ pub struct JudgeModelSpec {
     /// so warm-start cache keys made before it stay valid.
     #[serde(skip_serializing_if = "JudgeHistory::is_default")]
     pub history: JudgeHistory,
+    /// A range the warm-started judge must reach before the run trains (`None`: no gate).
+    /// Not a warm-start input: changing it keeps the warm-start cache's entries.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gate: Option<JudgeGate>,
+}
+
+/// A gate on the warm-started judge: its balanced accuracy on the evaluation pool at step 0
+/// (the majority of `reward.votes` sampled votes, the logged `judge/eval_bal_acc`, or
+/// `judge/eval_bal_acc/<kind>` on the steps of one kind) must lie in `[min, max]`, or the run
+/// stops after its step-0 evaluation, before its first training step, with an error that
+/// names the value. Set before any policy row runs, it is what makes a judge of stated
+/// quality a checked precondition rather than a hope.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JudgeGate {
+    /// The kind of step read (`""`: all the pool's steps).
+    #[serde(default)]
+    pub kind: String,
+    /// Lowest balanced accuracy accepted.
+    pub min: f64,
+    /// Highest balanced accuracy accepted.
+    pub max: f64,
+}
+
+impl JudgeGate {
+    /// The metric the gate reads.
+    pub fn metric(&self) -> String {
+        match self.kind.as_str() {
+            "" => "judge/eval_bal_acc".to_string(),
+            k => format!("judge/eval_bal_acc/{k}"),
+        }
+    }
 }
 
 /// What a judge prompt's history `H:` holds.
@@ -643,6 +675,7 @@ impl Default for JudgeModelSpec {
             temperature: 0.8,
             lr: 1e-4,
             history: JudgeHistory::Actions,
+            gate: None,
         }
     }
 }
@@ -681,6 +714,13 @@ pub struct JudgeWarmStart {
     /// Optimiser steps between two measurements on the validation split; `0`: a tenth of
     /// `steps` (rounded up), so eleven measurements in all.
     pub eval_every: usize,
+    /// Situations the labeller gets wrong every time (`[(after: "6", action: "L")]`: an `L`
+    /// after the line `6` is labelled the opposite of the oracle's label), applied before the
+    /// label noise: a systematic error the judge can learn, for judges of controlled quality
+    /// ([`crate::judge::Situation`]). Empty by default (and then left out of the resolved
+    /// file, so warm-start cache keys made before it stay valid).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub misconceptions: Vec<crate::judge::Situation>,
 }
 
 impl JudgeWarmStart {
@@ -721,6 +761,7 @@ impl Default for JudgeWarmStart {
             source: LabelSource::Policy,
             validation: 0.2,
             eval_every: 0,
+            misconceptions: Vec::new(),
         }
     }
 }
@@ -1096,6 +1137,28 @@ impl<E: EnvironmentChoice, A: AdaptationChoice> Experiment<E, A> {
             positive("judge.warm_start.lr", w.lr, 1.0)?;
             real("judge.warm_start.validation", w.validation, 0.0, 0.9)?;
             count("judge.warm_start.eval_every", w.eval_every, 0, MAX_COUNT)?;
+            for (i, m) in w.misconceptions.iter().enumerate() {
+                if m.action.is_empty() || m.action != m.action.trim() || m.after != m.after.trim() {
+                    return Err(FieldError::new(
+                        &format!("judge.warm_start.misconceptions[{i}]"),
+                        "`action` must be non-empty and both fields trimmed (a step's situation is compared trimmed)",
+                    ));
+                }
+            }
+            if let Some(g) = &j.gate {
+                if !g.kind.is_empty() && !crate::env::valid_kind(&g.kind) {
+                    return Err(FieldError::new(
+                        "judge.gate.kind",
+                        format!(
+                            "{:?} is not a kind of step (1 to {} characters of a-z, 0-9 and _, or empty for every step)",
+                            g.kind,
+                            crate::env::MAX_KIND_LEN
+                        ),
+                    ));
+                }
+                real("judge.gate.min", g.min, 0.0, 1.0)?;
+                real("judge.gate.max", g.max, g.min, 1.0)?;
+            }
             real("judge.temperature", j.temperature, 0.0, 100.0)?;
             positive("judge.lr", j.lr, 1.0)?;
         }
@@ -1295,6 +1358,71 @@ Experiment(
         assert_eq!(source(&expert), Some(LabelSource::Expert));
         assert_eq!(parse(&expert.to_ron()).expect("round trip"), expert);
         assert!(parse(&with("source: Oracle")).is_err());
+    }
+
+    #[test]
+    fn misconceptions_and_the_judge_gate_parse_round_trip_and_are_checked() {
+        let with =
+            |judge: &str| MINIMAL.replace("budget:", &format!("judge: {judge},\n    budget:"));
+        let judge = |ws: &str, gate: &str| {
+            with(&format!(
+                "Learned(model: Scratch(d_model: 16), warm_start: ({ws}){gate})"
+            ))
+        };
+        let plain = parse(&judge("steps: 3", "")).expect("parses");
+        // Neither is written out when unset: older resolved files and cache keys stay as they were.
+        let ron = plain.to_ron();
+        assert!(
+            !ron.contains("misconceptions") && !ron.contains("JudgeGate"),
+            "{ron}"
+        );
+        let e = parse(&judge(
+            r#"misconceptions: [(after: "6", action: "L"), (after: "3", action: "R")]"#,
+            r#", gate: Some(kind: "borderline", min: 0.8, max: 0.95)"#,
+        ))
+        .expect("parses");
+        let j = e.judge.model().expect("a judge");
+        let m = &j.warm_start.misconceptions;
+        assert_eq!(
+            (m.len(), m[0].after.as_str(), m[1].action.as_str()),
+            (2, "6", "R")
+        );
+        let g = j.gate.as_ref().expect("a gate");
+        assert_eq!(
+            (g.metric().as_str(), g.min, g.max),
+            ("judge/eval_bal_acc/borderline", 0.8, 0.95)
+        );
+        assert_eq!(parse(&e.to_ron()).expect("round trip"), e);
+        // Without a kind the gate reads every step.
+        let all = parse(&judge("", ", gate: Some(min: 0.6, max: 1.0)")).expect("parses");
+        let metric = all
+            .judge
+            .model()
+            .and_then(|j| j.gate.as_ref())
+            .map(JudgeGate::metric);
+        assert_eq!(metric.as_deref(), Some("judge/eval_bal_acc"));
+        for (ws, gate, field) in [
+            (
+                r#"misconceptions: [(after: "6", action: "")]"#,
+                "",
+                "judge.warm_start.misconceptions[0]",
+            ),
+            (
+                r#"misconceptions: [(after: " 6", action: "L")]"#,
+                "",
+                "judge.warm_start.misconceptions[0]",
+            ),
+            ("", ", gate: Some(min: 0.9, max: 0.8)", "judge.gate.max"),
+            ("", ", gate: Some(min: -0.1, max: 0.8)", "judge.gate.min"),
+            (
+                "",
+                r#", gate: Some(kind: "Border", min: 0.1, max: 0.8)"#,
+                "judge.gate.kind",
+            ),
+        ] {
+            let err = parse(&judge(ws, gate)).expect_err(ws).to_string();
+            assert!(err.contains(field), "{field}: {err}");
+        }
     }
 
     #[test]

@@ -278,6 +278,51 @@ fn last_logits<B: Backend, M: CausalLm<B>>(
     flat.chunks(vocab).map(<[f32]>::to_vec).collect()
 }
 
+/// What a step faced and what it did, as text: the last line of the context before the step
+/// (the task's last line for the first step, else the last line of the observation before
+/// it) and the step's action, both trimmed. On the corridor, `(after: "6", action: "L")` is
+/// an `L` answered at a door showing 6. A labeller's misconception names one
+/// (`judge.warm_start.misconceptions`): every step in that situation gets the opposite of the
+/// oracle's label, a systematic error that a judge can learn, unlike random label noise.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Situation {
+    /// The last line of the context before the step, trimmed.
+    pub after: String,
+    /// The step's action, trimmed.
+    pub action: String,
+}
+
+impl Situation {
+    /// The situation of step `i` of `t` (`i < t.steps.len()`).
+    pub fn of(t: &Trajectory, i: usize) -> Self {
+        let before = match i {
+            0 => t.prompt.as_str(),
+            _ => t.steps[i - 1].observation.as_str(),
+        };
+        let after = before
+            .trim_end()
+            .rsplit('\n')
+            .next()
+            .unwrap_or_default()
+            .trim();
+        Self {
+            after: after.to_string(),
+            action: t.steps[i].text.trim().to_string(),
+        }
+    }
+}
+
+/// The label a labeller with `misconceptions` gives a step the oracle labels `oracle`: the
+/// opposite in a misconceived situation, the oracle's otherwise.
+pub fn misconceived_label(
+    oracle: bool,
+    situation: &Situation,
+    misconceptions: &[Situation],
+) -> bool {
+    oracle ^ misconceptions.contains(situation)
+}
+
 /// How many labelled steps to collect for the judge's warm start, and how.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LabelSpec {
@@ -285,6 +330,8 @@ pub struct LabelSpec {
     pub n: usize,
     /// Probability that a label is flipped.
     pub label_noise: f64,
+    /// Situations whose label the labeller inverts (before the noise), [`Situation`].
+    pub misconceptions: Vec<Situation>,
     /// How the prompts are laid out (fitted into the judge's context).
     pub layout: PromptLayout,
     /// Most policy steps per episode.
@@ -308,7 +355,7 @@ pub struct LabelledStep {
 
 /// Oracle-labelled judge examples for the judge's warm start: `spec.n` steps of `policy`'s
 /// own rollouts (sampled with `params`, random difficulties) in episode order, each label
-/// flipped with probability `spec.label_noise`.
+/// inverted in a misconceived situation and then flipped with probability `spec.label_noise`.
 pub fn labelled_steps<B: Backend, P: CausalLm<B>>(
     policy: &P,
     env: &dyn Environment,
@@ -320,6 +367,7 @@ pub fn labelled_steps<B: Backend, P: CausalLm<B>>(
     let LabelSpec {
         n,
         label_noise,
+        ref misconceptions,
         layout,
         max_env_steps,
     } = *spec;
@@ -342,9 +390,10 @@ pub fn labelled_steps<B: Backend, P: CausalLm<B>>(
             for i in 0..t.steps.len() {
                 if out.len() < n {
                     let oracle = t.steps[i].oracle;
+                    let believed = misconceived_label(oracle, &Situation::of(t, i), misconceptions);
                     out.push(LabelledStep {
                         prompt: encode_prompt(tok, t, i, &layout),
-                        label: oracle ^ rng.bernoulli(label_noise),
+                        label: believed ^ rng.bernoulli(label_noise),
                         oracle,
                         kind: t.steps[i].kind.clone(),
                     });
@@ -377,6 +426,8 @@ pub struct PoolStep {
     pub label: bool,
     /// [`crate::StepResult::kind`].
     pub kind: String,
+    /// What the step faced and did.
+    pub situation: Situation,
 }
 
 /// A balanced, fixed pool of oracle-labelled steps on which every evaluation measures the
@@ -418,6 +469,7 @@ pub fn labelled_pool(
                     prompt: encode_prompt(tok, &t, j, layout),
                     label: step.oracle,
                     kind: step.kind.clone(),
+                    situation: Situation::of(&t, j),
                 });
             }
         }
@@ -563,6 +615,89 @@ mod tests {
 
     fn sample_token(logits: &[f32], t: f64, rng: &mut crate::rng::Rng) -> u32 {
         Sampler::default().sample(logits, t, 1.0, rng).0
+    }
+
+    fn span(text: &str, observation: &str, oracle: bool) -> crate::rollout::StepSpan {
+        crate::rollout::StepSpan {
+            start: 0,
+            end: 0,
+            text: text.into(),
+            oracle,
+            observation: observation.into(),
+            dims: vec![],
+            oracle_blame: vec![],
+            kind: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_situation_is_the_line_before_the_step_and_its_action() {
+        let t = super::Trajectory {
+            task: 0,
+            tokens: vec![],
+            steps: vec![span(" L ", "2\n", false), span("R", "", true)],
+            outcome: false,
+            prompt: "L if sign<5 else R\n7\n".into(),
+            finite: true,
+        };
+        let at = |after: &str, action: &str| super::Situation {
+            after: after.into(),
+            action: action.into(),
+        };
+        // The first step answers the prompt's last line; the second the observation before it.
+        assert_eq!(super::Situation::of(&t, 0), at("7", "L"));
+        assert_eq!(super::Situation::of(&t, 1), at("2", "R"));
+        let wrong_l_at_6 = [at("6", "L")];
+        assert!(super::misconceived_label(
+            false,
+            &at("6", "L"),
+            &wrong_l_at_6
+        ));
+        assert!(!super::misconceived_label(
+            true,
+            &at("6", "L"),
+            &wrong_l_at_6
+        ));
+        assert!(!super::misconceived_label(
+            false,
+            &at("6", "R"),
+            &wrong_l_at_6
+        ));
+        assert!(super::misconceived_label(true, &at("7", "R"), &[]));
+    }
+
+    #[test]
+    fn pool_situations_name_the_sign_each_step_answers() {
+        use crate::testing::{Doors, DoorsEpisode, Letters};
+        let layout = super::PromptLayout {
+            max_len: 64,
+            history: crate::experiment::JudgeHistory::Steps,
+        };
+        let pool = super::labelled_pool(&Doors { k: 6 }, &Letters, &layout, 200, 0.5, 3);
+        assert_eq!(pool.len(), 200);
+        let mut misconceived = 0;
+        for p in &pool {
+            // The situation reads the sign and the answer; the oracle's label follows from them.
+            let sign: u8 = p.situation.after.parse().expect("a digit");
+            assert_eq!(
+                p.label,
+                p.situation.action == DoorsEpisode::answer(sign),
+                "{p:?}"
+            );
+            let wrong_l_at_6 = [super::Situation {
+                after: "6".into(),
+                action: "L".into(),
+            }];
+            let believed = super::misconceived_label(p.label, &p.situation, &wrong_l_at_6);
+            if believed != p.label {
+                misconceived += 1;
+                assert_eq!(
+                    (sign, p.situation.action.as_str(), believed),
+                    (6, "L", true)
+                );
+            }
+        }
+        assert!(misconceived > 0);
     }
 
     #[test]

@@ -2545,6 +2545,71 @@ fn eval_reproduces_a_runs_own_evaluation_and_evaluates_on_another_file() {
     let _ = fs::remove_dir_all(dir);
 }
 
+#[test]
+fn a_judge_gate_stops_a_run_outside_its_range_and_misconceptions_reach_the_labels() {
+    let dir = scratch("judge-gate");
+    let gated = |name: &str, gate: &str| {
+        CORRIDOR_EVAL
+            .replace("\"cor_eval\"", &format!("\"{name}\""))
+            .replace("history: Steps)", &format!("history: Steps, gate: {gate})"))
+    };
+    // A gate over every value: the run trains to its end.
+    let (code, run) = run_file(
+        &dir,
+        "open.ron",
+        &gated("open", "Some(kind: \"borderline\", min: 0.0, max: 1.0)"),
+        "open",
+        &[],
+    );
+    assert_eq!(code, 0);
+    let lines = metrics(&run);
+    assert_eq!(lines.last().map(|m| m["step"].clone()), Some(4.into()));
+    let border = lines[0]["judge/eval_bal_acc/borderline"]
+        .as_f64()
+        .expect("the step-0 borderline accuracy");
+    // A gate that value misses (the judge is the same: same seed, cached warm start).
+    let (min, max) = if border < 0.9 {
+        (border + 0.05, 1.0)
+    } else {
+        (0.0, border - 0.05)
+    };
+    let gate = format!("Some(kind: \"borderline\", min: {min}, max: {max})");
+    let (code, run) = run_file(&dir, "shut.ron", &gated("shut", &gate), "shut", &[]);
+    assert_ne!(code, 0, "a judge outside its gate must stop the run");
+    let lines = metrics(&run);
+    assert_eq!(lines.len(), 1, "only the step-0 evaluation is logged");
+    assert_eq!(
+        lines[0]["judge/eval_bal_acc/borderline"].as_f64(),
+        Some(border)
+    );
+    // A kind the pool does not have is never measured: the gate fails rather than passes.
+    let none = gated("none", "Some(kind: \"no_such_kind\", min: 0.0, max: 1.0)");
+    assert_ne!(run_file(&dir, "none.ron", &none, "none", &[]).0, 0);
+    // A misconception (every `L` at a 6 labelled right) raises the share of right labels
+    // by the wrong `L`s at a 6 among the 200 labels.
+    let pos_rate = |text: &str, name: &str| {
+        let (code, run) = run_file(
+            &dir,
+            &format!("{name}.ron"),
+            text,
+            name,
+            &["--stop-after", "0"],
+        );
+        assert_eq!(code, 0);
+        metrics(&run)[0]["warm/judge_pos_rate"]
+            .as_f64()
+            .expect("pos rate")
+    };
+    let plain = pos_rate(&gated("plain", "None"), "plain");
+    let wrong_l = gated("wrong_l", "None").replace(
+        "validation: 0.0)",
+        "validation: 0.0, misconceptions: [(after: \"6\", action: \"L\")])",
+    );
+    let believed = pos_rate(&wrong_l, "wrong_l");
+    assert!(believed > plain + 0.005, "{plain} → {believed}");
+    let _ = fs::remove_dir_all(dir);
+}
+
 /// A LoRA policy on the tiny GGUF fixture.
 const LORA_EXPORT: &str = r#"
 Experiment(

@@ -111,6 +111,7 @@ where
         &judge::LabelSpec {
             n: HELD_OUT,
             label_noise: 0.0,
+            misconceptions: Vec::new(),
             layout,
             max_env_steps: run.cfg.budget.max_env_steps,
         },

@@ -102,6 +102,21 @@ pub enum TrainError {
         /// Whether the run has a checkpoint to resume from.
         checkpointed: bool,
     },
+    /// The warm-started judge is outside its gate (`judge.gate`).
+    #[error(
+        "the warm-started judge fails its gate: {metric} is {} at step 0, the gate is [{min}, {max}]; the run stopped before its first training step (its step-0 metrics are logged)",
+        value.map_or_else(|| "not measured".to_string(), |v| format!("{v:.4}"))
+    )]
+    JudgeGate {
+        /// The metric read.
+        metric: String,
+        /// Its value (`None`: the evaluation did not measure it, e.g. no step of that kind).
+        value: Option<f64>,
+        /// Lowest accepted.
+        min: f64,
+        /// Highest accepted.
+        max: f64,
+    },
 }
 
 impl From<PlacementError> for TrainError {

@@ -57,6 +57,7 @@ where
         run.summary.acc_id_start = Some(id);
         run.summary.acc_ood_start = Some(ood);
         run.dir.log(&m)?;
+        run.judge_gate(&m)?;
         run.save()?;
         if let Some(o) = &opts.observer {
             (o.0)(0, run.cfg.budget.steps);
@@ -68,6 +69,26 @@ where
             );
         }
         Ok(run)
+    }
+
+    /// The judge's gate (`judge.gate`), read on the step-0 evaluation `m`: the run stops
+    /// here, its step-0 metrics logged, when the warm-started judge's balanced accuracy is
+    /// outside the gate's range or was not measured.
+    fn judge_gate(&self, m: &Metrics) -> Result<(), TrainError> {
+        let Some(gate) = self.cfg.judge.model().and_then(|j| j.gate.as_ref()) else {
+            return Ok(());
+        };
+        let metric = gate.metric();
+        let value = m.get(&metric);
+        match value {
+            Some(v) if (gate.min..=gate.max).contains(&v) => Ok(()),
+            _ => Err(TrainError::JudgeGate {
+                metric,
+                value,
+                min: gate.min,
+                max: gate.max,
+            }),
+        }
     }
 
     /// The policy's warm start for `seed`, from `cache` when an identical one was stored
@@ -150,7 +171,8 @@ where
 
     /// The judge's warm-start labels, `judge.warm_start.labels` of them, drawn with `rng`
     /// (the warm start's own stream): the policy's rollouts or the flawed expert's, as the
-    /// experiment says, each label flipped with probability `label_noise`, in episode order.
+    /// experiment says, each label inverted in a misconceived situation and then flipped with
+    /// probability `label_noise`, in episode order.
     pub(super) fn judge_labels(&self, max_len: usize, rng: &mut Rng) -> Vec<judge::LabelledStep> {
         let Some(spec) = self.cfg.judge.model() else {
             return Vec::new();
@@ -159,6 +181,7 @@ where
         let labels = judge::LabelSpec {
             n: ws.labels,
             label_noise: ws.label_noise,
+            misconceptions: ws.misconceptions.clone(),
             layout: judge::PromptLayout {
                 max_len,
                 history: spec.history,
@@ -185,7 +208,8 @@ where
             )
             .into_iter()
             .map(|p| judge::LabelledStep {
-                label: p.label ^ rng.bernoulli(labels.label_noise),
+                label: judge::misconceived_label(p.label, &p.situation, &labels.misconceptions)
+                    ^ rng.bernoulli(labels.label_noise),
                 oracle: p.label,
                 prompt: p.prompt,
                 kind: p.kind,
