@@ -1,14 +1,18 @@
-//! `rlany export RUN_DIR OUT --format hf|peft`: a run's trained policy in a format other
+//! `rlany export RUN_DIR OUT --format hf|peft|gguf`: a run's trained policy in a format other
 //! tools load — a Hugging Face directory (`config.json`, `model.safetensors` with the LoRA
 //! adapters merged, `generation_config.json`, and the source's tokenizer files when it came
-//! from a Hugging Face directory) or PEFT's adapter directory over the base model. A
-//! from-scratch policy reads the character tokenizer, which neither format holds: refused.
+//! from a Hugging Face directory), PEFT's adapter directory over the base model, or (for a
+//! policy loaded from a GGUF file) a GGUF file for llama.cpp, `--quant f16|q8_0`, with the
+//! source's metadata and tokenizer. A from-scratch policy reads the character tokenizer,
+//! which none of the formats holds: refused.
 
 use crate::{OnBackend, UsageError, on_backend, run_policy};
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use rlany_framework::BackendKind;
 use rlany_framework::experiment::ModelSource;
+use rlany_models::gguf::GgufFile;
+use rlany_models::gguf_export::{GgufType, save_gguf};
 use rlany_models::peft::save_peft_dir;
 use rlany_models::save_hf_dir;
 use std::path::{Path, PathBuf};
@@ -20,6 +24,18 @@ pub enum Format {
     Hf,
     /// The LoRA adapters alone, as PEFT saves them, over the base model the run started from.
     Peft,
+    /// One GGUF file for llama.cpp (adapters merged), from a policy loaded from a GGUF file.
+    Gguf,
+}
+
+/// The type of a GGUF export's matrices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Quant {
+    /// Half precision.
+    F16,
+    /// 8-bit blocks of 32 (llama.cpp's Q8_0).
+    #[value(name = "q8_0")]
+    Q8_0,
 }
 
 /// `rlany export`'s arguments.
@@ -27,11 +43,16 @@ pub enum Format {
 pub struct ExportArgs {
     /// The run directory (runs/<name>/seed-<n>).
     run_dir: PathBuf,
-    /// The directory to write (created if missing; files of the same names are replaced).
+    /// The directory to write (created if missing; files of the same names are replaced);
+    /// for gguf, the file to write.
     out: PathBuf,
-    /// hf: a Hugging Face directory, adapters merged; peft: the adapters alone.
+    /// hf: a Hugging Face directory, adapters merged; peft: the adapters alone; gguf: one
+    /// GGUF file, adapters merged.
     #[arg(long, value_enum)]
     format: Format,
+    /// The GGUF export's matrix type (norms are always F32).
+    #[arg(long, value_enum, default_value = "f16")]
+    quant: Quant,
     /// Export this checkpoint (e.g. step-000010) instead of the latest.
     #[arg(long)]
     checkpoint: Option<String>,
@@ -57,6 +78,17 @@ pub fn run(args: &ExportArgs) -> Result<()> {
     for n in notes {
         eprintln!("note: {n}");
     }
+    if args.format == Format::Gguf {
+        let bytes = std::fs::metadata(&args.out)
+            .with_context(|| format!("reading {}", args.out.display()))?
+            .len();
+        println!(
+            "wrote {} ({:.1} MB)",
+            args.out.display(),
+            bytes as f64 / 1e6
+        );
+        return Ok(());
+    }
     let mut written: Vec<String> = std::fs::read_dir(&args.out)
         .with_context(|| format!("reading {}", args.out.display()))?
         .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
@@ -73,14 +105,38 @@ fn export<B: rlany_kernels::LogProbOps>(
     let p = run_policy::<B>(&args.run_dir, args.checkpoint.as_deref(), device)?;
     let ModelSource::Pretrained(source) = &p.exp.policy.model else {
         return Err(UsageError(format!(
-            "{}: a from-scratch policy reads the character tokenizer, which neither the hf nor \
-             the peft format holds; export needs a policy that starts from a pretrained model",
+            "{}: a from-scratch policy reads the character tokenizer, which none of the hf, \
+             peft and gguf formats holds; export needs a policy that starts from a pretrained model",
             args.run_dir.display()
         ))
         .into());
     };
     let mut notes = Vec::new();
     match args.format {
+        Format::Gguf => {
+            let src = Path::new(&source.path);
+            if src.is_dir() {
+                return Err(UsageError(format!(
+                    "{}: the policy was loaded from a Hugging Face directory ({}); a GGUF export \
+                     copies its source's GGUF metadata and tokenizer, so it needs a GGUF source. \
+                     Export --format hf and convert that directory with llama.cpp's \
+                     convert_hf_to_gguf.py",
+                    args.run_dir.display(),
+                    source.path
+                ))
+                .into());
+            }
+            let gguf = GgufFile::open(src)?;
+            if let Some(parent) = args.out.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent)
+                    .with_context(|| format!("creating {}", parent.display()))?;
+            }
+            let quant = match args.quant {
+                Quant::F16 => GgufType::F16,
+                Quant::Q8_0 => GgufType::Q8_0,
+            };
+            save_gguf(&p.model, &gguf, &args.out, quant)?;
+        }
         Format::Peft => {
             let Some(spec) = &source.lora else {
                 return Err(UsageError(format!(

@@ -199,6 +199,9 @@ pub struct GgufFile {
     pub metadata: BTreeMap<String, GgufValue>,
     /// Tensor infos in file order.
     pub tensors: Vec<GgufTensorInfo>,
+    /// Each metadata entry's key and its bytes' range in the file (key, type and value), in
+    /// file order: a writer copies entries verbatim, value types included.
+    pub(crate) metadata_spans: Vec<(String, std::ops::Range<u64>)>,
     /// Absolute file offset of the data section.
     data_start: u64,
 }
@@ -321,10 +324,18 @@ impl GgufFile {
             )));
         }
         let mut metadata = BTreeMap::new();
+        let mut metadata_spans = Vec::with_capacity(n_kv as usize);
+        let position = |r: &mut Reader<BufReader<File>>| {
+            r.inner
+                .stream_position()
+                .map_err(|e| load_err(e.to_string()))
+        };
         for _ in 0..n_kv {
+            let start = position(&mut r)?;
             let key = r.string()?;
             let ty = r.u32()?;
             let value = r.value(ty, 0)?;
+            metadata_spans.push((key.clone(), start..position(&mut r)?));
             metadata.insert(key, value);
         }
         let mut tensors = Vec::with_capacity(n_tensors as usize);
@@ -359,6 +370,7 @@ impl GgufFile {
             version,
             metadata,
             tensors,
+            metadata_spans,
             data_start,
         };
         for t in &gguf.tensors {
@@ -674,7 +686,7 @@ impl GgufFile {
 }
 
 /// The Hugging Face name of a llama.cpp tensor name.
-fn hf_name(gguf: &str) -> Option<String> {
+pub(crate) fn hf_name(gguf: &str) -> Option<String> {
     match gguf {
         "token_embd.weight" => return Some("model.embed_tokens.weight".into()),
         "output_norm.weight" => return Some("model.norm.weight".into()),
@@ -702,7 +714,11 @@ fn hf_name(gguf: &str) -> Option<String> {
 
 /// The heads of tensor `name` when its rows need [`unpermute_rows`]: the query and key
 /// weights of a `permuted` (llama) file.
-fn reordered_heads(permuted: bool, name: &str, config: &TransformerConfig) -> Option<usize> {
+pub(crate) fn reordered_heads(
+    permuted: bool,
+    name: &str,
+    config: &TransformerConfig,
+) -> Option<usize> {
     if !permuted {
         None
     } else if name.ends_with("attn_q.weight") {
@@ -719,10 +735,34 @@ fn reordered_heads(permuted: bool, name: &str, config: &TransformerConfig) -> Op
 ///
 /// # Shapes
 /// - `t`: `[heads · head_dim, d_in]`; output: the same
-fn unpermute_rows(t: HostTensor, heads: usize, head_dim: usize) -> HostTensor {
+pub(crate) fn unpermute_rows(t: HostTensor, heads: usize, head_dim: usize) -> HostTensor {
     let cols: usize = t.shape.iter().skip(1).product();
     HostTensor {
         data: unpermute(&t.data, cols, heads, head_dim),
+        shape: t.shape,
+    }
+}
+
+/// The inverse of [`unpermute_rows`]: "rotate half" rows in llama.cpp's interleaved order,
+/// GGUF row `2i + j` from Hugging Face row `j·half + i` (what its converter writes).
+///
+/// # Shapes
+/// - `t`: `[heads · head_dim, d_in]`; output: the same
+pub(crate) fn permute_rows(t: HostTensor, heads: usize, head_dim: usize) -> HostTensor {
+    let row_len: usize = t.shape.iter().skip(1).product();
+    let half = head_dim / 2;
+    let mut data = vec![0.0f32; t.data.len()];
+    for h in 0..heads {
+        for i in 0..half {
+            for j in 0..2 {
+                let dst = (h * head_dim + 2 * i + j) * row_len;
+                let src = (h * head_dim + j * half + i) * row_len;
+                data[dst..dst + row_len].copy_from_slice(&t.data[src..src + row_len]);
+            }
+        }
+    }
+    HostTensor {
+        data,
         shape: t.shape,
     }
 }

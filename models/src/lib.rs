@@ -14,6 +14,7 @@ mod bpe;
 mod decode;
 mod error;
 pub mod gguf;
+pub mod gguf_export;
 mod hf;
 mod kv_cache;
 pub mod lora;

@@ -2628,9 +2628,9 @@ Experiment(
 )
 "#;
 
-/// `rlany export` end to end: the merged Hugging Face directory and the PEFT adapters over
-/// the base are written from a run's checkpoint and read back by our own loaders with the
-/// same logits; a from-scratch policy is refused.
+/// `rlany export` end to end: the merged Hugging Face directory, the PEFT adapters over the
+/// base and the GGUF files are written from a run's checkpoint and read back by our own
+/// loaders with the same logits; a from-scratch policy is refused.
 #[test]
 fn a_lora_run_exports_to_hf_and_peft_and_both_load_back() {
     use burn::backend::NdArray;
@@ -2677,6 +2677,21 @@ fn a_lora_run_exports_to_hf_and_peft_and_both_load_back() {
     // the unit tests (models/src/peft.rs for PEFT's files, models/src/lora.rs for the merged
     // Hugging Face directory).
     assert!(diff(&a, &b) < 1e-4);
+    // GGUF exports (the source's metadata and tokenizer, the merged weights) load back with
+    // the merged logits, within the rounding of their type.
+    for (quant, tol) in [("f16", 0.01), ("q8_0", 0.1)] {
+        let file = dir.join("gguf").join(format!("model-{quant}.gguf"));
+        let file_s = file.to_string_lossy().into_owned();
+        let args = [
+            "export", &run_s, &file_s, "--format", "gguf", "--quant", quant,
+        ];
+        assert_eq!(rlany(&args), 0);
+        let back = rlany_models::load_pretrained::<NdArray>(&file, Some(64), &device)
+            .expect("gguf export")
+            .model;
+        let d = diff(&logits(&back), &m);
+        assert!(d < tol, "{quant}: {d}");
+    }
     // A from-scratch policy: no format holds its tokenizer.
     let (code, tiny) = run_tiny(&dir, &[]);
     assert_eq!(code, 0);
