@@ -206,28 +206,52 @@ impl AdaptError {
     }
 }
 
-/// Proposes new difficulties for task slots (framework/METHOD.md step 7: `Static`, `Threshold`, `Gp`).
+/// What a proposer is asked: a new difficulty for one task slot.
+#[derive(Clone, Copy, Debug)]
+pub struct ProposalRequest<'a> {
+    /// The slot's difficulty, in `[0, 1]^k`.
+    pub current: &'a [f64],
+    /// The slot's estimated accuracy there.
+    pub acc: f64,
+    /// Harder (the slot is too easy) or easier (too hard).
+    pub direction: Direction,
+    /// Which difficulty dimensions the critic flags.
+    pub feedback: &'a CriticFeedback,
+    /// The training step.
+    pub step: usize,
+}
+
+/// Proposes new difficulties for task slots (framework/METHOD.md step 7: `Static`, `Threshold`,
+/// `Gp`). Only [`Proposer::propose`] is required: a proposer without a model of its own
+/// neither observes, nor keeps a state, nor has a posterior to plot.
 pub trait Proposer: Send {
+    /// A new difficulty (in `[0, 1]^k`, as long as `request.current`) for the slot.
+    fn propose(&mut self, request: &ProposalRequest<'_>, rng: &mut Rng) -> Vec<f64>;
     /// Record an observed accuracy (every rollout of every slot and every pending proposal).
-    fn observe(&mut self, obs: Observation);
-    /// A new difficulty (in `[0, 1]^k`, same length as `current`) for a slot currently at
-    /// `current` with accuracy `acc`, moving in `direction`.
-    fn propose(
-        &mut self,
-        current: &[f64],
-        acc: f64,
-        direction: Direction,
-        feedback: &CriticFeedback,
-        step: usize,
-        rng: &mut Rng,
-    ) -> Vec<f64>;
-    /// Everything needed to continue exactly after a resume (observations, hyperparameters...).
-    fn state(&self) -> serde_json::Value;
-    /// Restore what [`Proposer::state`] returned.
-    fn load_state(&mut self, state: serde_json::Value) -> Result<(), AdaptError>;
+    fn observe(&mut self, _obs: Observation) {}
+    /// Everything needed to continue exactly after a resume (observations, fitted
+    /// hyper-parameters…); `Null` for a proposer whose settings say it all. Implement it
+    /// together with [`Proposer::load_state`].
+    fn state(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
+    /// Restore what [`Proposer::state`] returned. The default keeps no state: it accepts
+    /// `Null` only, so a checkpoint holding a state this proposer cannot read is refused.
+    fn load_state(&mut self, state: serde_json::Value) -> Result<(), AdaptError> {
+        match state {
+            serde_json::Value::Null => Ok(()),
+            _ => Err(AdaptError::state(
+                "(stateless)",
+                "the checkpoint holds a state, but this proposer keeps none",
+            )),
+        }
+    }
     /// For reports: the model's predicted accuracy (mean, sd) on 1-D slices through `center`,
-    /// one per dimension, `points` per slice, at `step`. `None` for proposers without a model.
-    fn posterior(&self, center: &[f64], step: usize, points: usize) -> Option<Posterior>;
+    /// one per dimension, `points` per slice, at `step`. `None` (the default) for proposers
+    /// without a model.
+    fn posterior(&self, _center: &[f64], _step: usize, _points: usize) -> Option<Posterior> {
+        None
+    }
 }
 
 /// Clamp every coordinate to `[0, 1]` (NaN → 0).
@@ -263,30 +287,8 @@ pub fn threshold_move(
 pub struct Static;
 
 impl Proposer for Static {
-    fn observe(&mut self, _obs: Observation) {}
-
-    fn propose(
-        &mut self,
-        current: &[f64],
-        _acc: f64,
-        _direction: Direction,
-        _feedback: &CriticFeedback,
-        _step: usize,
-        _rng: &mut Rng,
-    ) -> Vec<f64> {
-        current.to_vec()
-    }
-
-    fn state(&self) -> serde_json::Value {
-        serde_json::Value::Null
-    }
-
-    fn load_state(&mut self, _state: serde_json::Value) -> Result<(), AdaptError> {
-        Ok(())
-    }
-
-    fn posterior(&self, _center: &[f64], _step: usize, _points: usize) -> Option<Posterior> {
-        None
+    fn propose(&mut self, request: &ProposalRequest<'_>, _rng: &mut Rng) -> Vec<f64> {
+        request.current.to_vec()
     }
 }
 
@@ -305,35 +307,14 @@ impl Default for Threshold {
 }
 
 impl Proposer for Threshold {
-    fn observe(&mut self, _obs: Observation) {}
-
-    fn propose(
-        &mut self,
-        current: &[f64],
-        _acc: f64,
-        direction: Direction,
-        feedback: &CriticFeedback,
-        _step: usize,
-        _rng: &mut Rng,
-    ) -> Vec<f64> {
-        threshold_move(current, direction, feedback, self.step)
+    fn propose(&mut self, r: &ProposalRequest<'_>, _rng: &mut Rng) -> Vec<f64> {
+        threshold_move(r.current, r.direction, r.feedback, self.step)
     }
 
-    fn state(&self) -> serde_json::Value {
-        serde_json::json!({ "step_bits": self.step.to_bits() })
-    }
-
-    fn load_state(&mut self, state: serde_json::Value) -> Result<(), AdaptError> {
-        let bits = state
-            .get("step_bits")
-            .and_then(serde_json::Value::as_u64)
-            .ok_or_else(|| AdaptError::state("threshold", "missing `step_bits`"))?;
-        self.step = f64::from_bits(bits);
+    /// Its step is the experiment's own setting, so it keeps no state; checkpoints written
+    /// before 2026-12-06 hold it as `step_bits`, which is the same setting and is ignored.
+    fn load_state(&mut self, _state: serde_json::Value) -> Result<(), AdaptError> {
         Ok(())
-    }
-
-    fn posterior(&self, _center: &[f64], _step: usize, _points: usize) -> Option<Posterior> {
-        None
     }
 }
 
@@ -495,7 +476,14 @@ impl AdaptSlot {
             return None;
         }
         let dir = direction(acc, ctx.band)?;
-        let proposal = proposer.propose(&self.difficulty, acc, dir, ctx.feedback, ctx.step, rng);
+        let request = ProposalRequest {
+            current: &self.difficulty,
+            acc,
+            direction: dir,
+            feedback: ctx.feedback,
+            step: ctx.step,
+        };
+        let proposal = proposer.propose(&request, rng);
         let proposal = clamp_unit(&proposal);
         if proposal.len() != self.difficulty.len() || proposal == self.difficulty {
             return None;
@@ -587,48 +575,69 @@ mod tests {
         assert_eq!(CriticFeedback::default().flagged_dims(2), vec![0, 1]);
     }
 
+    fn req<'a>(
+        current: &'a [f64],
+        acc: f64,
+        direction: Direction,
+        feedback: &'a CriticFeedback,
+    ) -> ProposalRequest<'a> {
+        ProposalRequest {
+            current,
+            acc,
+            direction,
+            feedback,
+            step: 0,
+        }
+    }
+
     #[test]
     fn threshold_moves_exactly_step_on_flagged_dims_and_clamps() {
         let mut rng = Rng::new(0);
         let mut t = Threshold { step: 0.125 };
         let none = CriticFeedback::default();
-        let d = t.propose(&[0.25, 0.5], 0.9, Direction::Harder, &none, 0, &mut rng);
+        let d = t.propose(&req(&[0.25, 0.5], 0.9, Direction::Harder, &none), &mut rng);
         assert_eq!(d, vec![0.375, 0.625]); // no flags: all dims
-        let d = t.propose(&[0.25, 0.5], 0.1, Direction::Easier, &none, 0, &mut rng);
+        let d = t.propose(&req(&[0.25, 0.5], 0.1, Direction::Easier, &none), &mut rng);
         assert_eq!(d, vec![0.125, 0.375]);
         let fb = CriticFeedback {
             blame: vec![0.0, 1.0],
             flagged_steps: 2,
             steps: 5,
         };
-        let d = t.propose(&[0.25, 0.5], 0.9, Direction::Harder, &fb, 0, &mut rng);
+        let d = t.propose(&req(&[0.25, 0.5], 0.9, Direction::Harder, &fb), &mut rng);
         assert_eq!(d, vec![0.25, 0.625]); // only the flagged dim
-        let d = t.propose(&[0.25, 0.5], 0.1, Direction::Easier, &fb, 0, &mut rng);
+        let d = t.propose(&req(&[0.25, 0.5], 0.1, Direction::Easier, &fb), &mut rng);
         assert_eq!(d, vec![0.25, 0.375]);
         // Clamping at both edges.
-        let d = t.propose(&[0.95, 0.0625], 0.9, Direction::Harder, &none, 0, &mut rng);
+        let d = t.propose(
+            &req(&[0.95, 0.0625], 0.9, Direction::Harder, &none),
+            &mut rng,
+        );
         assert_eq!(d, vec![1.0, 0.1875]);
-        let d = t.propose(&[0.05, 1.0], 0.1, Direction::Easier, &none, 0, &mut rng);
+        let d = t.propose(&req(&[0.05, 1.0], 0.1, Direction::Easier, &none), &mut rng);
         assert_eq!(d, vec![0.0, 0.875]);
-        // State round trip is exact.
-        let mut u = Threshold { step: 0.0 };
-        u.load_state(t.state()).expect("load");
-        assert_eq!(u, t);
-        assert!(u.load_state(serde_json::Value::Null).is_err());
+        // No state: the step is the experiment's; an older checkpoint's `step_bits` is accepted.
+        assert_eq!(t.state(), serde_json::Value::Null);
+        let old = serde_json::json!({ "step_bits": 0.125f64.to_bits() });
+        assert!(t.load_state(old.clone()).is_ok());
+        // Static keeps none either, and refuses one it cannot read.
+        assert!(Static.load_state(serde_json::Value::Null).is_ok());
+        assert!(Static.load_state(old).is_err());
     }
 
     #[test]
     fn static_never_moves() {
         let mut s = Static;
         let mut rng = Rng::new(1);
-        let d = s.propose(
-            &[0.3, 0.7],
-            1.0,
-            Direction::Harder,
-            &CriticFeedback::default(),
-            3,
-            &mut rng,
-        );
+        let none = CriticFeedback::default();
+        let request = ProposalRequest {
+            current: &[0.3, 0.7],
+            acc: 1.0,
+            direction: Direction::Harder,
+            feedback: &none,
+            step: 3,
+        };
+        let d = s.propose(&request, &mut rng);
         assert_eq!(d, vec![0.3, 0.7]);
         assert!(s.posterior(&[0.3, 0.7], 3, 5).is_none());
         // The slot machine never makes a no-op pending proposal.

@@ -858,26 +858,10 @@ mod tests {
         }
         fn propose(
             &mut self,
-            current: &[f64],
-            _acc: f64,
-            _direction: Direction,
-            _feedback: &CriticFeedback,
-            _step: usize,
+            request: &crate::adapt::ProposalRequest<'_>,
             _rng: &mut Rng,
         ) -> Vec<f64> {
-            current.to_vec()
-        }
-        fn state(&self) -> serde_json::Value {
-            serde_json::Value::Null
-        }
-        fn load_state(
-            &mut self,
-            _state: serde_json::Value,
-        ) -> Result<(), crate::adapt::AdaptError> {
-            Ok(())
-        }
-        fn posterior(&self, _c: &[f64], _s: usize, _p: usize) -> Option<crate::adapt::Posterior> {
-            None
+            request.current.to_vec()
         }
     }
 

@@ -98,13 +98,13 @@ use linfa::prelude::{Dataset, Fit};
 use ndarray::{Array1, Array2, ArrayBase, Axis, Data as NdData, Ix1, Ix2};
 use rlany_framework::Rng;
 use rlany_framework::adapt::{
-    AdaptError, CriticFeedback, Direction, Observation, Posterior, PosteriorSlice, Proposer,
-    clamp_unit, threshold_move,
+    AdaptError, CriticFeedback, Direction, Observation, Posterior, PosteriorSlice, ProposalRequest,
+    Proposer, clamp_unit, threshold_move,
 };
 use rlany_framework::check::{self, Checked, FieldError};
 use rlany_framework::plugin::{ProposerContext, ProposerPlugin};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -449,16 +449,37 @@ impl Fitted {
     }
 }
 
-fn f64s_to_bits(v: &[f64]) -> Vec<u64> {
-    v.iter().map(|x| x.to_bits()).collect()
+/// The GP's state in a checkpoint, by serde (serde_json's `float_roundtrip` writes every
+/// `f64` so that it reads back bit for bit): the observations, the last fit's
+/// hyper-parameters the next fit starts from, and the fit's status. `config` and
+/// `total_steps` are written for a reader; on resume the experiment's own are used.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SavedState {
+    format: String,
+    config: Value,
+    total_steps: usize,
+    observations: Vec<Observation>,
+    warm: Option<(Vec<f64>, f64)>,
+    status: SavedStatus,
 }
 
-fn bits_to_f64s(v: &Value) -> Option<Vec<f64>> {
-    v.as_array()?
-        .iter()
-        .map(|b| b.as_u64().map(f64::from_bits))
-        .collect()
+/// [`Status`] as saved.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+enum SavedStatus {
+    Stale,
+    Failed,
+    Fitted {
+        theta: Vec<f64>,
+        nugget: f64,
+        trend: String,
+    },
 }
+
+/// The `format` of a saved state this version writes and reads (`gp-v2`, floats as bit
+/// patterns, and the first format were written before 2026-12-06 and are refused by name).
+const STATE_FORMAT: &str = "gp-v3";
 
 impl Proposer for Gp {
     fn observe(&mut self, obs: Observation) {
@@ -474,15 +495,14 @@ impl Proposer for Gp {
         self.model = None;
     }
 
-    fn propose(
-        &mut self,
-        current: &[f64],
-        acc: f64,
-        direction: Direction,
-        feedback: &CriticFeedback,
-        step: usize,
-        rng: &mut Rng,
-    ) -> Vec<f64> {
+    fn propose(&mut self, request: &ProposalRequest<'_>, rng: &mut Rng) -> Vec<f64> {
+        let ProposalRequest {
+            current,
+            acc,
+            direction,
+            feedback,
+            step,
+        } = *request;
         let k = current.len();
         let current = clamp_unit(current);
         let fallback = threshold_move(&current, direction, feedback, FALLBACK_STEP);
@@ -506,110 +526,66 @@ impl Proposer for Gp {
     }
 
     fn state(&self) -> Value {
-        let observations: Vec<Value> = self
-            .observations
-            .iter()
-            .map(|o| {
-                json!({
-                    "d": f64s_to_bits(&o.difficulty),
-                    "step": o.step,
-                    "acc": o.acc.to_bits(),
-                    "g": o.group_size,
-                })
-            })
-            .collect();
+        let finite = |v: &[f64]| v.iter().all(|x| x.is_finite());
         let status = match &self.status {
-            Status::Stale => json!("stale"),
-            Status::Failed => json!("failed"),
-            Status::Fitted(spec) => json!({
-                "theta": f64s_to_bits(&spec.theta),
-                "nugget": spec.nugget.to_bits(),
-                "trend": spec.trend.name(),
-            }),
+            Status::Stale => SavedStatus::Stale,
+            Status::Failed => SavedStatus::Failed,
+            // JSON has no NaN: a fit with non-finite hyper-parameters is saved as stale (the
+            // resumed run refits it from the same observations).
+            Status::Fitted(spec) if !finite(&spec.theta) || !spec.nugget.is_finite() => {
+                SavedStatus::Stale
+            }
+            Status::Fitted(spec) => SavedStatus::Fitted {
+                theta: spec.theta.clone(),
+                nugget: spec.nugget,
+                trend: spec.trend.name().to_string(),
+            },
         };
-        let warm = self.warm.as_ref().map(|(lengths, nugget)| {
-            json!({ "lengths": f64s_to_bits(lengths), "nugget": nugget.to_bits() })
-        });
-        json!({
-            "format": "gp-v2 (floats as IEEE-754 bit patterns)",
-            "config": serde_json::to_value(&self.config).unwrap_or(Value::Null),
-            "total_steps": self.total_steps,
-            "observations": observations,
-            "warm": warm,
-            "status": status,
-        })
+        let warm = self
+            .warm
+            .clone()
+            .filter(|(lengths, nugget)| finite(lengths) && nugget.is_finite());
+        let saved = SavedState {
+            format: STATE_FORMAT.to_string(),
+            config: serde_json::to_value(&self.config).unwrap_or(Value::Null),
+            total_steps: self.total_steps,
+            observations: self.observations.clone(),
+            warm,
+            status,
+        };
+        serde_json::to_value(&saved).unwrap_or(Value::Null)
     }
 
     fn load_state(&mut self, state: Value) -> Result<(), AdaptError> {
-        let err = |r: &str| AdaptError::state("gp", r);
-        let obs = state
-            .get("observations")
-            .and_then(Value::as_array)
-            .ok_or_else(|| err("missing `observations`"))?;
-        let mut observations = Vec::with_capacity(obs.len());
-        for o in obs {
-            let difficulty = o
-                .get("d")
-                .and_then(bits_to_f64s)
-                .ok_or_else(|| err("bad observation `d`"))?;
-            let step = o
-                .get("step")
-                .and_then(Value::as_u64)
-                .ok_or_else(|| err("bad observation `step`"))? as usize;
-            let acc = o
-                .get("acc")
-                .and_then(Value::as_u64)
-                .map(f64::from_bits)
-                .ok_or_else(|| err("bad observation `acc`"))?;
-            let group_size = o
-                .get("g")
-                .and_then(Value::as_u64)
-                .ok_or_else(|| err("bad observation `g`"))? as usize;
-            observations.push(Observation {
-                difficulty,
-                step,
-                acc,
-                group_size,
-            });
+        let err = |r: String| AdaptError::state("gp", r);
+        match state.get("format").and_then(Value::as_str) {
+            Some(STATE_FORMAT) => {}
+            Some(other) => {
+                return Err(err(format!(
+                    "the checkpoint's GP state is of format {other:?}, written by an older rlany; \
+                     this version reads {STATE_FORMAT:?} (resume with the version that wrote it, \
+                     or start the run again)"
+                )));
+            }
+            None => return Err(err("the state names no `format`".into())),
         }
-        let v2 = state
-            .get("format")
-            .and_then(Value::as_str)
-            .is_some_and(|f| f.starts_with("gp-v2"));
-        // A state of the first format (a different model) restarts from a fresh fit.
-        let warm = match state.get("warm") {
-            None | Some(Value::Null) => None,
-            Some(_) if !v2 => None,
-            Some(w) => {
-                let lengths = w.get("lengths").and_then(bits_to_f64s);
-                let nugget = w.get("nugget").and_then(Value::as_u64).map(f64::from_bits);
-                Some(lengths.zip(nugget).ok_or_else(|| err("bad `warm`"))?)
-            }
+        let saved: SavedState = serde_json::from_value(state).map_err(|e| err(e.to_string()))?;
+        let status = match saved.status {
+            SavedStatus::Stale => Status::Stale,
+            SavedStatus::Failed => Status::Failed,
+            SavedStatus::Fitted {
+                theta,
+                nugget,
+                trend,
+            } => Status::Fitted(Spec {
+                theta,
+                nugget,
+                trend: Trend::from_name(&trend)
+                    .ok_or_else(|| err(format!("unknown trend {trend:?}")))?,
+            }),
         };
-        let status = match state.get("status") {
-            Some(Value::String(s)) if s == "stale" => Status::Stale,
-            Some(Value::String(s)) if s == "failed" => Status::Failed,
-            Some(_) if !v2 => Status::Stale,
-            Some(v) => {
-                let theta = v.get("theta").and_then(bits_to_f64s);
-                let nugget = v.get("nugget").and_then(Value::as_u64).map(f64::from_bits);
-                let trend = v
-                    .get("trend")
-                    .and_then(Value::as_str)
-                    .and_then(Trend::from_name);
-                match (theta, nugget, trend) {
-                    (Some(theta), Some(nugget), Some(trend)) => Status::Fitted(Spec {
-                        theta,
-                        nugget,
-                        trend,
-                    }),
-                    _ => return Err(err("bad `status`")),
-                }
-            }
-            None => return Err(err("missing `status`")),
-        };
-        self.observations = observations;
-        self.warm = warm;
+        self.observations = saved.observations;
+        self.warm = saved.warm;
         self.status = status;
         self.model = None;
         let before = self.observations.len();
