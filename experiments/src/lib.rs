@@ -122,7 +122,7 @@ enum Command {
         args: bench::BenchArgs,
     },
     /// A report from run directories: report.md with the ablation table (mean ± 95% CI over
-    /// seeds, paired differences) and PNG + SVG figures (accuracy, judge, diagnostics,
+    /// seeds, paired differences) and SVG figures (accuracy, judge, diagnostics,
     /// difficulty, GP posterior, backend comparison).
     Report {
         /// Run directories, or folders holding them (a suite's runs folder, `runs/`).

@@ -571,3 +571,40 @@ fn every_relative_link_of_the_docs_resolves() {
         broken.join("\n  ")
     );
 }
+
+/// The files under `dir`, recursively, with their sizes.
+fn files(dir: &Path, out: &mut Vec<(PathBuf, u64)>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.filter_map(Result::ok) {
+        let p = e.path();
+        if p.is_dir() {
+            files(&p, out);
+        } else if let Ok(m) = e.metadata() {
+            out.push((p, m.len()));
+        }
+    }
+}
+
+/// The results folder stays within the budget ARCHITECTURE.md states (20 MB): figures as SVG
+/// only, no Python caches.
+#[test]
+fn the_results_folder_keeps_its_budget() {
+    let mut all = Vec::new();
+    files(&root().join("reports/results"), &mut all);
+    assert!(!all.is_empty());
+    let total: u64 = all.iter().map(|(_, n)| n).sum();
+    assert!(
+        total <= 20_000_000,
+        "reports/results holds {total} bytes, over 20 MB"
+    );
+    for (p, _) in &all {
+        let s = p.to_string_lossy();
+        assert!(
+            !s.ends_with(".png"),
+            "{s}: figures are committed as SVG only"
+        );
+        assert!(!s.contains("__pycache__"), "{s}: a Python cache");
+    }
+}

@@ -1,5 +1,5 @@
-//! Text of the figures: a thin wrapper around plotters' backends that measures text itself and,
-//! for bitmaps, rasterises it with ab_glyph.
+//! Text of the figures: a thin wrapper around plotters' SVG backend that measures text itself
+//! with ab_glyph on the bundled font.
 //!
 //! Why: plotters 0.3.7's ab_glyph text drawing places each glyph at the pen position without
 //! its left side bearing, which spaces letters unevenly ("cumul at ive"), and scales by the
@@ -9,8 +9,8 @@
 //! `ascent` below its top.
 
 use ab_glyph::{Font, FontRef, Glyph, PxScale, ScaleFont, point};
-use plotters::prelude::{BitMapBackend, SVGBackend};
-use plotters_backend::text_anchor::{HPos, Pos, VPos};
+use plotters::prelude::SVGBackend;
+use plotters_backend::text_anchor::Pos;
 use plotters_backend::{
     BackendColor, BackendCoord, BackendStyle, BackendTextStyle, DrawingBackend, DrawingErrorKind,
     FontFamily, FontStyle, FontTransform,
@@ -67,31 +67,17 @@ pub(crate) fn text_size(text: &str, px: f64) -> (u32, u32) {
     )
 }
 
-/// A plotters backend with this module's text: rasterised here for bitmaps; for SVG, passed on
-/// with the size in pixels per em (plotters' SVG writes `size / 1.24`) and DejaVu Sans named
-/// first. Text is measured here for both, so PNG and SVG have the same layout.
+/// A plotters backend with this module's text: passed on with the size in pixels per em
+/// (plotters' SVG writes `size / 1.24`) and DejaVu Sans named first, and measured here, so the
+/// layout is the bundled font's whatever font the viewer has.
 pub(crate) struct TextFix<B> {
     inner: B,
-    raster: bool,
-}
-
-impl<'a> TextFix<BitMapBackend<'a>> {
-    /// Wraps a bitmap backend: text is rasterised here.
-    pub(crate) fn bitmap(inner: BitMapBackend<'a>) -> Self {
-        Self {
-            inner,
-            raster: true,
-        }
-    }
 }
 
 impl<'a> TextFix<SVGBackend<'a>> {
     /// Wraps an SVG backend: text stays text.
     pub(crate) fn svg(inner: SVGBackend<'a>) -> Self {
-        Self {
-            inner,
-            raster: false,
-        }
+        Self { inner }
     }
 }
 
@@ -229,50 +215,7 @@ impl<B: DrawingBackend> DrawingBackend for TextFix<B> {
         style: &TStyle,
         pos: BackendCoord,
     ) -> Result<(), Err<B>> {
-        if !self.raster {
-            return self.inner.draw_text(text, &SvgStyle(style), pos);
-        }
-        let color = style.color();
-        let (Some(f), Some((glyphs, (w, h)))) = (font(), layout(text, style.size())) else {
-            // No usable font: plotters' own drawing.
-            return self.inner.draw_text(text, style, pos);
-        };
-        if color.alpha == 0.0 {
-            return Ok(());
-        }
-        let (w, h) = (w as i32, h as i32);
-        let dx = match style.anchor().h_pos {
-            HPos::Left => 0,
-            HPos::Right => -w,
-            HPos::Center => -w / 2,
-        };
-        let dy = match style.anchor().v_pos {
-            VPos::Top => 0,
-            VPos::Center => -h / 2,
-            VPos::Bottom => -h,
-        };
-        let trans = style.transform();
-        let (cw, ch) = self.get_size();
-        let mut pixels: Vec<(i32, i32, f32)> = Vec::new();
-        for g in glyphs {
-            if let Some(o) = f.outline_glyph(g) {
-                let b = o.px_bounds();
-                let (bx, by) = (b.min.x as i32, b.min.y as i32);
-                o.draw(|x, y, c| pixels.push((bx + x as i32, by + y as i32, c)));
-            }
-        }
-        for (x, y, c) in pixels.into_iter().filter(|p| p.2 > 0.0) {
-            let (x, y) = trans.transform(x + dx, y + dy);
-            let (x, y) = (pos.0 + x, pos.1 + y);
-            if x >= 0 && y >= 0 && x < cw as i32 && y < ch as i32 {
-                let c = BackendColor {
-                    alpha: color.alpha * f64::from(c.min(1.0)),
-                    rgb: color.rgb,
-                };
-                self.inner.draw_pixel((x, y), c)?;
-            }
-        }
-        Ok(())
+        self.inner.draw_text(text, &SvgStyle(style), pos)
     }
 }
 

@@ -127,7 +127,7 @@ const COLUMNS: &[(&str, &str, bool)] = &[
     ),
 ];
 
-/// Writes `dir/report.md` and `dir/figures/learnability.{png,svg}`; returns the report's path.
+/// Writes `dir/report.md` and `dir/figures/learnability.svg`; returns the report's path.
 pub fn write(dir: &Path) -> Result<PathBuf, ReportError> {
     let cells = read_cells(dir)?;
     let mut groups: Vec<((usize, f64), Vec<&Cell>)> = Vec::new();
@@ -195,7 +195,7 @@ pub fn write(dir: &Path) -> Result<PathBuf, ReportError> {
          for one that memorised its labels); a diamond at the kept checkpoint. x: epochs over \
          the training labels.",
         file.title,
-        rel(&file.png)
+        rel(&file.svg)
     );
     let path = dir.join("report.md");
     std::fs::write(&path, md).map_err(io(&path))?;
@@ -327,7 +327,7 @@ mod tests {
         assert!(md.contains("[0.90, 0.70]"), "{md}");
         // The last step's column: 0.60 and 0.55.
         assert!(md.contains("[0.60, 0.55]"), "{md}");
-        assert!(dir.join("figures/learnability.png").exists());
+        assert!(dir.join("figures/learnability.svg").exists());
         std::fs::remove_dir_all(&dir).ok();
     }
 }

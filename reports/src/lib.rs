@@ -1,6 +1,6 @@
 //! # rlany-reports
 //!
-//! Run directories → a report: figures (PNG with an SVG beside each) and the ablation table, in
+//! Run directories → a report: figures (SVG) and the ablation table, in
 //! one `report.md`. Reads only what runs wrote (`metrics.jsonl`, `meta.json`,
 //! `adaptation.jsonl`, `posterior.jsonl`, `resolved.ron`, optional `suite.json`) and `rlany bench --json` files,
 //! never Burn: reports can be made on any machine from copied run directories.
@@ -320,20 +320,13 @@ fn figure_sections(p: &ReportParts<'_>) -> String {
     md
 }
 
-/// The Markdown of an embedded PNG with a link to its SVG, paths relative to `out`.
+/// The Markdown of an embedded figure, its path relative to `out`.
 fn image(f: &FigureFile, out: &Path) -> String {
-    let rel = |p: &Path| {
-        p.strip_prefix(out)
-            .unwrap_or(p)
-            .to_string_lossy()
-            .replace('\\', "/")
-    };
-    format!(
-        "![{}]({})\n\n[SVG]({}) · {}×{} px\n\n",
-        f.title,
-        rel(&f.png),
-        rel(&f.svg),
-        f.width,
-        f.height
-    )
+    let rel = f
+        .svg
+        .strip_prefix(out)
+        .unwrap_or(&f.svg)
+        .to_string_lossy()
+        .replace('\\', "/");
+    format!("![{}]({rel})\n\n", f.title)
 }

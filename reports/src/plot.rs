@@ -1,10 +1,10 @@
 //! Drawing: a [`Figure`] is a title, a grid of [`Panel`]s (line charts with bands, markers and
 //! reference lines, or a message where there is nothing to draw) and a shared legend. Every
-//! figure is written twice, as PNG (bitmap backend) and SVG, from the same drawing code.
+//! figure is written as SVG.
 //!
 //! Text: the bundled DejaVu Sans (`assets/`, Bitstream Vera licence beside it) is registered
-//! once as plotters' `sans-serif` (ab_glyph, no system font); PNG text is drawn by
-//! [`crate::glyphs`]. Sizes are pixels per em.
+//! once as plotters' `sans-serif` (ab_glyph, no system font) and measures every label
+//! ([`crate::glyphs`]). Sizes are pixels per em.
 
 use crate::error::ReportError;
 use crate::glyphs::{self, TextFix};
@@ -300,14 +300,12 @@ impl Render for Figure {
     }
 }
 
-/// What `save` wrote (the PNG and SVG of one figure).
+/// What `save` wrote: one figure's SVG.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FigureFile {
     /// What the figure shows.
     pub title: String,
-    /// The PNG.
-    pub png: PathBuf,
-    /// The SVG beside it.
+    /// The SVG.
     pub svg: PathBuf,
     /// Width (px).
     pub width: u32,
@@ -315,29 +313,23 @@ pub struct FigureFile {
     pub height: u32,
 }
 
-/// Writes `fig` as `dir/stem.png` and `dir/stem.svg`.
+/// Writes `fig` as `dir/stem.svg` (one format: text stays text, a fraction of a PNG's
+/// bytes, and every page that shows a figure embeds it).
 pub(crate) fn save<F: Render>(fig: &F, dir: &Path, stem: &str) -> Result<FigureFile, ReportError> {
     ensure_font()?;
     let (width, height) = fig.size();
-    let png = dir.join(format!("{stem}.png"));
     let svg = dir.join(format!("{stem}.svg"));
-    let err = |path: &Path| {
-        let path = path.to_path_buf();
-        move |e: String| ReportError::Plot { path, message: e }
+    let err = |e: String| ReportError::Plot {
+        path: svg.clone(),
+        message: e,
     };
     {
-        let root = TextFix::bitmap(BitMapBackend::new(&png, (width, height))).into_drawing_area();
-        fig.render(&root).map_err(|e| err(&png)(e.to_string()))?;
-        root.present().map_err(|e| err(&png)(e.to_string()))?;
-    }
-    {
         let root = TextFix::svg(SVGBackend::new(&svg, (width, height))).into_drawing_area();
-        fig.render(&root).map_err(|e| err(&svg)(e.to_string()))?;
-        root.present().map_err(|e| err(&svg)(e.to_string()))?;
+        fig.render(&root).map_err(|e| err(e.to_string()))?;
+        root.present().map_err(|e| err(e.to_string()))?;
     }
     Ok(FigureFile {
         title: fig.title().to_string(),
-        png,
         svg,
         width,
         height,

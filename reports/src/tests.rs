@@ -11,20 +11,37 @@ fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/runs")
 }
 
-/// Decodes a PNG, returning its size.
-fn png_size(path: &Path) -> (u32, u32) {
-    let file = fs::File::open(path).expect("open png");
-    let decoder = png::Decoder::new(std::io::BufReader::new(file));
-    let mut reader = decoder.read_info().expect("png header");
-    let mut buf = vec![0; reader.output_buffer_size()];
-    let info = reader.next_frame(&mut buf).expect("png pixels");
-    // Not blank: some pixels differ from the white background.
+/// Reads an SVG's declared size, checking that it draws something (text, a path or a shape
+/// besides the white background).
+fn svg_size(path: &Path) -> (u32, u32) {
+    let svg = fs::read_to_string(path).expect("svg");
     assert!(
-        buf[..info.buffer_size()].iter().any(|&b| b < 200),
-        "{} is blank",
+        svg.ends_with("</svg>\n") || svg.ends_with("</svg>"),
+        "{} is cut",
         path.display()
     );
-    (info.width, info.height)
+    let attr = |name: &str| -> u32 {
+        let head = &svg[..svg.find('>').expect("svg tag")];
+        let at = head.find(&format!("{name}=\"")).expect("size attribute") + name.len() + 2;
+        head[at..]
+            .split('"')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .expect("a number")
+    };
+    let marks = [
+        "<text",
+        "<path",
+        "<polyline",
+        "<circle",
+        "<polygon",
+        "<line",
+    ]
+    .iter()
+    .map(|m| svg.matches(m).count())
+    .sum::<usize>();
+    assert!(marks > 0, "{} is blank", path.display());
+    (attr("width"), attr("height"))
 }
 
 /// Where a test writes its report: `RLANY_REPORT_OUT` if set (to look at it), else a temp dir.
@@ -74,7 +91,7 @@ fn fixture_report_writes_every_figure() {
         .figures
         .iter()
         .map(|f| {
-            f.png
+            f.svg
                 .file_stem()
                 .expect("stem")
                 .to_string_lossy()
@@ -103,17 +120,11 @@ fn fixture_report_writes_every_figure() {
     let widths = [960, 960, 660, 990, 660, 990, 990, 990, 990, 990, 960];
     let report = fs::read_to_string(&s.report).expect("report.md");
     for (f, w) in s.figures.iter().zip(widths) {
-        let (pw, ph) = png_size(&f.png);
-        assert_eq!((pw, ph), (f.width, f.height), "{}", f.png.display());
-        assert_eq!(pw, w, "{}", f.png.display());
-        assert!((400..2000).contains(&ph), "{} height {ph}", f.png.display());
-        let svg = fs::read_to_string(&f.svg).expect("svg");
-        assert!(
-            svg.contains("<svg") && svg.contains("</svg>"),
-            "{}",
-            f.svg.display()
-        );
-        let name = f.png.file_name().expect("name").to_string_lossy();
+        let (pw, ph) = svg_size(&f.svg);
+        assert_eq!((pw, ph), (f.width, f.height), "{}", f.svg.display());
+        assert_eq!(pw, w, "{}", f.svg.display());
+        assert!((400..2000).contains(&ph), "{} height {ph}", f.svg.display());
+        let name = f.svg.file_name().expect("name").to_string_lossy();
         assert!(
             report.contains(&format!("(figures/{name})")),
             "{name} not embedded"
@@ -495,7 +506,7 @@ fn runs_without_eval_lines_single_seeds_and_missing_files_still_report() {
     let s = write_report(std::slice::from_ref(&root), &ReportOptions::new(&out)).expect("report");
     assert_eq!(s.experiments, 2);
     for f in &s.figures {
-        assert_eq!(png_size(&f.png), (f.width, f.height));
+        assert_eq!(svg_size(&f.svg), (f.width, f.height));
     }
     let report = fs::read_to_string(&s.report).expect("report.md");
     assert!(report.contains("no eval lines: p, q"), "{report}");
@@ -540,7 +551,7 @@ fn bench_only_report_and_no_runs() {
     let s = write_report(&[], &opts).expect("bench report");
     assert_eq!(s.figures.len(), 1);
     assert_eq!(s.experiments, 0);
-    assert_eq!(png_size(&s.figures[0].png).0, 960);
+    assert_eq!(svg_size(&s.figures[0].svg).0, 960);
     let e = write_report(&[d.join("nothing")], &ReportOptions::new(d.join("out2")));
     assert!(matches!(e, Err(ReportError::NoRuns(_))));
     let _ = fs::remove_dir_all(d);
@@ -592,14 +603,14 @@ fn sweep_fixture_figure_table_and_placement() {
     let fig = s
         .figures
         .iter()
-        .find(|f| f.png.file_stem().is_some_and(|n| n == "sweep"))
+        .find(|f| f.svg.file_stem().is_some_and(|n| n == "sweep"))
         .expect("a sweep figure");
-    assert_eq!(png_size(&fig.png), (960, fig.height));
+    assert_eq!(svg_size(&fig.svg), (960, fig.height));
     let svg = fs::read_to_string(&fig.svg).expect("svg");
     assert!(svg.contains("<svg") && svg.contains("judge.p_pos = 0.9, judge.p_neg = 0.5"));
     let report = fs::read_to_string(&s.report).expect("report.md");
     // In section 1, after the other eval figures, before the judge.
-    let at = report.find("(figures/sweep.png)").expect("embedded");
+    let at = report.find("(figures/sweep.svg)").expect("embedded");
     assert!(
         at > report
             .find("## 1. Evaluation accuracy")
@@ -743,7 +754,7 @@ fn sweep_named_in_suite_json_and_a_bad_name_warns() {
         &ReportOptions::new(root.join("out2")),
     )
     .expect("report");
-    assert!(s.figures.iter().all(|f| !f.png.ends_with("sweep.png")));
+    assert!(s.figures.iter().all(|f| !f.svg.ends_with("sweep.svg")));
     let report = fs::read_to_string(&s.report).expect("report.md");
     assert!(
         report.contains("- no sweep figure: suite.json's \"sweep\": \"budget.steps\" is not a numeric setting whose value differs among the rows that have a baseline (those that do: `judge.p_pos`, `judge.p_neg`, `reward.lambda`)"),
