@@ -35,6 +35,8 @@ PAIRS = [(P + "outcome_only_80_steps", P + "outcome_only"),
          (P + "judge_a", P + "judge_b"),
          (P + "judge_a", P + "outcome_only_80_steps"),
          (P + "judge_b", P + "outcome_only_80_steps"),
+         (P + "twin_a", P + "outcome_only_80_steps"),
+         (P + "twin_b", P + "outcome_only_80_steps"),
          (P + "judge_b_consistency", P + "judge_b")]
 MEASURES = ["train_last", "start", "grid", "step_acc"]
 
@@ -132,6 +134,19 @@ def main():
             print(f"\nP6: {key} last − first, consistency − frozen (judge B), {len(diffs)} seeds: "
                   f"{fmt(mean_ci(diffs), signed=True)}; per seed "
                   f"{[round(x, 3) for x in diffs]}")
+    # What consistency training had to learn from: the judge's samples (verdicts of steps whose
+    # m votes disagree, in groups inside the judge band), summed over the run, per seed.
+    d = os.path.join(root, P + "judge_b_consistency")
+    if os.path.isdir(d):
+        counts = {}
+        for s in sorted(os.listdir(d)):
+            f = os.path.join(d, s, "metrics.jsonl")
+            if os.path.exists(f):
+                ls = lines(f)
+                counts[s] = (int(sum(l.get("judge/train_samples", 0) for l in ls)),
+                             round(sum(l.get("judge/verdict_pos_rate", 0) for l in ls if l["step"] > 0)
+                                   / max(1, sum(1 for l in ls if l["step"] > 0)), 3))
+        print(f"\nconsistency row: judge training samples over the run, mean + rate per seed: {counts}")
     if len(sys.argv) > 2 and P + "outcome_only" in data:
         old = os.path.join(sys.argv[2], "cor_t1s_outcome_only")
         same = []
