@@ -1456,7 +1456,7 @@ fn judge_fit_cells_are_the_runs_own_judge_warm_starts() {
     assert_eq!(fs::read_to_string(&marker).expect("read"), before);
     let report = fs::read_to_string(out.join("report.md")).expect("report");
     assert!(
-        report.contains("4 cells") && out.join("figures/learnability.png").exists(),
+        report.contains("4 cells") && out.join("figures/learnability.svg").exists(),
         "{report}"
     );
     let _ = fs::remove_dir_all(dir);
@@ -1919,7 +1919,7 @@ fn an_interrupted_suite_finishes_with_the_metrics_of_an_uninterrupted_one() {
     let figures = fs::read_dir(broken.join("mini/figures"))
         .expect("figures/")
         .filter_map(Result::ok)
-        .filter(|e| e.path().extension().is_some_and(|x| x == "png"))
+        .filter(|e| e.path().extension().is_some_and(|x| x == "svg"))
         .count();
     assert!(figures >= 4, "{figures} figures");
     // The rows' compute and adaptation logs are there for the figures.
@@ -2089,7 +2089,7 @@ fn bench_models_writes_json_the_report_compares() {
     assert_eq!(rlany(&["report", "--bench", &json_s, "--out", &out_s]), 0);
     let md = fs::read_to_string(out.join("report.md")).expect("report");
     assert!(md.contains("| C_tiny_R@quick |"), "{md}");
-    assert!(out.join("figures").join("bench.png").exists());
+    assert!(out.join("figures").join("bench.svg").exists());
     // A PPO step in two row groups on two threads (`--shards 2`): timed, rated in GFLOP/s
     // and recorded with its shards.
     let args = [
