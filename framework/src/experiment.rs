@@ -1140,7 +1140,7 @@ impl<E: EnvironmentChoice, A: AdaptationChoice> Experiment<E, A> {
             for (i, m) in w.misconceptions.iter().enumerate() {
                 if m.action.is_empty() || m.action != m.action.trim() || m.after != m.after.trim() {
                     return Err(FieldError::new(
-                        &format!("judge.warm_start.misconceptions[{i}]"),
+                        format!("judge.warm_start.misconceptions[{i}]"),
                         "`action` must be non-empty and both fields trimmed (a step's situation is compared trimmed)",
                     ));
                 }
