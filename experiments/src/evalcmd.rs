@@ -2,7 +2,9 @@
 //! `rlany_framework::trainer::evaluate_checkpoint`) — on the run's own evaluation splits,
 //! which reproduces the run's evaluation at that step exactly, or on another experiment
 //! file's environment with the same models. Prints the measurements and writes them as
-//! `eval-<step>….json` beside the run.
+//! `eval-<step>….json` beside the run. Given an experiment's folder (`runs/<name>`, its
+//! `seed-<n>` runs inside), every seed is evaluated so and the measurements are summarised as
+//! mean ± 95% interval over the seeds (`eval-<step>…-seeds.json` in the folder).
 
 use crate::plugins::Experiment;
 use crate::{OnBackend, UsageError, on_backend, parse_backend, seed_of_run_dir, with_parts};
@@ -16,7 +18,8 @@ use std::path::{Path, PathBuf};
 /// `rlany eval`'s arguments.
 #[derive(Args, Debug)]
 pub struct EvalArgs {
-    /// The run directory (runs/<name>/seed-<n>).
+    /// The run directory (runs/<name>/seed-<n>), or an experiment's folder (runs/<name>):
+    /// every seed-<n> run in it, summarised over the seeds.
     run_dir: PathBuf,
     /// Evaluate the checkpoint of this training step (default: the latest).
     #[arg(long, conflicts_with = "checkpoint")]
@@ -56,18 +59,89 @@ struct EvalRecord<'a> {
     metrics: &'a serde_json::Map<String, serde_json::Value>,
 }
 
-/// Evaluates, prints the table and writes the JSON record.
+/// Evaluates one run, or every seed of an experiment's folder; prints and writes the records.
 pub fn run(args: &EvalArgs) -> Result<()> {
-    let resolved = args.run_dir.join("resolved.ron");
-    if !resolved.exists() {
+    if args.run_dir.join("resolved.ron").exists() {
+        return eval_run(args, &args.run_dir).map(|_| ());
+    }
+    let seeds = seed_runs(&args.run_dir);
+    if seeds.is_empty() {
         return Err(UsageError(format!(
-            "{}: not a run directory (no resolved.ron; expected runs/<name>/seed-<n>)",
+            "{}: neither a run directory (no resolved.ron; expected runs/<name>/seed-<n>) nor \
+             an experiment's folder of seed-<n> runs",
             args.run_dir.display()
         ))
         .into());
     }
+    let mut records = Vec::with_capacity(seeds.len());
+    for dir in &seeds {
+        let (record, name) = eval_run(args, dir)?;
+        records.push((dir.clone(), record, name));
+    }
+    let (_, _, name) = &records[0];
+    let summary = summarise(&records);
+    println!(
+        "{} over {} seeds: mean ± 95% interval (Student t)",
+        args.run_dir.display(),
+        records.len()
+    );
+    for (key, s) in &summary {
+        println!("  {key:<40}  {}", s.format(4));
+    }
+    let path = args.run_dir.join(name.replace(".json", "-seeds.json"));
+    let json = serde_json::json!({
+        "runs": records.iter().map(|(d, r, _)| serde_json::json!({"run": d.display().to_string(), "step": r.step})).collect::<Vec<_>>(),
+        "metrics": summary.iter().map(|(k, s)| (k.clone(), serde_json::json!({"mean": s.mean, "half_width_95": s.half_width, "n": s.n}))).collect::<serde_json::Map<_, _>>(),
+    });
+    let text = serde_json::to_string_pretty(&json).context("serialising the summary")?;
+    std::fs::write(&path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+    println!("wrote {}", path.display());
+    Ok(())
+}
+
+/// The `seed-<n>` run directories in `dir` (those with a resolved.ron), by seed.
+fn seed_runs(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut runs: Vec<(u64, PathBuf)> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("resolved.ron").exists())
+        .filter_map(|p| seed_of_run_dir(&p).ok().map(|s| (s, p)))
+        .collect();
+    runs.sort();
+    runs.into_iter().map(|(_, p)| p).collect()
+}
+
+/// Every numeric measurement that all the records have: mean ± 95% interval over them.
+fn summarise(
+    records: &[(PathBuf, CheckpointEval, String)],
+) -> Vec<(String, rlany_reports::MeanCi)> {
+    let Some((_, first, _)) = records.first() else {
+        return Vec::new();
+    };
+    first
+        .metrics
+        .0
+        .keys()
+        .filter(|k| k.as_str() != "step")
+        .filter_map(|k| {
+            let xs: Option<Vec<f64>> = records
+                .iter()
+                .map(|(_, r, _)| r.metrics.0.get(k).and_then(serde_json::Value::as_f64))
+                .collect();
+            xs.and_then(|xs| rlany_reports::mean_ci95(&xs))
+                .map(|s| (k.clone(), s))
+        })
+        .collect()
+}
+
+/// Evaluates the run in `run_dir`, prints its table and writes its record; returns the
+/// evaluation and the record's file name.
+fn eval_run(args: &EvalArgs, run_dir: &Path) -> Result<(CheckpointEval, String)> {
+    let resolved = run_dir.join("resolved.ron");
     let own = Experiment::load(&resolved)?;
-    let run_seed = seed_of_run_dir(&args.run_dir)?;
+    let run_seed = seed_of_run_dir(run_dir)?;
     let mut exp = match &args.experiment {
         None => own.clone(),
         Some(file) => on_other_environment(&own, &Experiment::load(file)?, file)?,
@@ -85,12 +159,12 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         exp.backend = parse_backend(b)?;
     }
     let checkpoint = args.checkpoint.clone().or(args.step.map(step_dir_name));
-    let saved = rlany_framework::checkpoint::list(&args.run_dir.join("checkpoints"));
+    let saved = rlany_framework::checkpoint::list(&run_dir.join("checkpoints"));
     if let Some(name) = checkpoint.as_ref().filter(|n| !saved.contains(n)) {
         return Err(UsageError(format!(
             "{}: no checkpoint {name}; this run has {} (a run keeps its two latest \
              checkpoints)",
-            args.run_dir.display(),
+            run_dir.display(),
             if saved.is_empty() {
                 "none".into()
             } else {
@@ -100,7 +174,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         .into());
     }
     let opts = EvalOptions {
-        run_dir: args.run_dir.clone(),
+        run_dir: run_dir.to_path_buf(),
         checkpoint,
         seed: args.seed.unwrap_or(run_seed),
         progress: !args.no_progress,
@@ -108,7 +182,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     let result = evaluate(&exp, run_seed, &opts)?;
     println!(
         "{} at {} (step {}), {} on {}, seed {}:",
-        args.run_dir.display(),
+        run_dir.display(),
         result.checkpoint,
         result.step,
         exp.name,
@@ -120,7 +194,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     );
     println!("{}", table(&result));
     let record = EvalRecord {
-        run: args.run_dir.display().to_string(),
+        run: run_dir.display().to_string(),
         checkpoint: &result.checkpoint,
         step: result.step,
         experiment: match &args.experiment {
@@ -131,16 +205,17 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         eval_tasks: exp.budget.eval_tasks,
         metrics: &result.metrics.0,
     };
-    let path = args.run_dir.join(record_name(
+    let name = record_name(
         result.step,
         args.experiment.as_deref().map(|_| exp.name.as_str()),
         args.seed.filter(|&s| s != run_seed),
         args.tasks,
-    ));
+    );
+    let path = run_dir.join(&name);
     let text = serde_json::to_string_pretty(&record).context("serialising the evaluation")?;
     std::fs::write(&path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
     println!("wrote {}", path.display());
-    Ok(())
+    Ok((result, name))
 }
 
 /// `other`'s environment, evaluation budget and seeds with `own`'s models and judge: the

@@ -2545,6 +2545,62 @@ fn eval_reproduces_a_runs_own_evaluation_and_evaluates_on_another_file() {
     let _ = fs::remove_dir_all(dir);
 }
 
+/// `rlany eval` on an experiment's folder evaluates every seed's checkpoint and summarises:
+/// each seed's record is what evaluating that run alone writes, and the summary's mean is
+/// theirs.
+#[test]
+fn eval_on_a_folder_of_seeds_summarises_every_seed() {
+    let dir = scratch("eval-seeds");
+    for seed in ["3", "4"] {
+        let (code, _) = run_file(
+            &dir,
+            "cor.ron",
+            CORRIDOR_EVAL,
+            "cor_eval",
+            &["--seed", seed],
+        );
+        assert_eq!(code, 0);
+    }
+    let folder = dir.join("runs").join("cor_eval");
+    let folder_s = folder.to_string_lossy().into_owned();
+    let args = [
+        "eval",
+        &folder_s,
+        "--step",
+        "2",
+        "--tasks",
+        "8",
+        "--no-progress",
+    ];
+    assert_eq!(rlany(&args), 0);
+    let read = |p: PathBuf| -> Value {
+        serde_json::from_str(&fs::read_to_string(&p).expect("record")).expect("json")
+    };
+    let summary = read(folder.join("eval-2-tasks-8-seeds.json"));
+    let acc: Vec<f64> = ["seed-3", "seed-4"]
+        .iter()
+        .map(|s| {
+            read(folder.join(s).join("eval-2-tasks-8.json"))["metrics"]["eval/acc_id"]
+                .as_f64()
+                .expect("acc")
+        })
+        .collect();
+    let mean = summary["metrics"]["eval/acc_id"]["mean"]
+        .as_f64()
+        .expect("mean");
+    assert!(
+        (mean - (acc[0] + acc[1]) / 2.0).abs() < 1e-12,
+        "{mean} {acc:?}"
+    );
+    assert_eq!(summary["metrics"]["eval/acc_id"]["n"], 2);
+    assert_eq!(summary["runs"].as_array().map(Vec::len), Some(2));
+    // A folder with no runs is refused (exit 2).
+    let empty = dir.join("empty");
+    fs::create_dir_all(&empty).expect("dir");
+    assert_eq!(rlany(&["eval", &empty.to_string_lossy()]), 2);
+    let _ = fs::remove_dir_all(dir);
+}
+
 #[test]
 fn a_judge_gate_stops_a_run_outside_its_range_and_misconceptions_reach_the_labels() {
     let dir = scratch("judge-gate");
