@@ -6,7 +6,7 @@
 //! source's metadata and tokenizer. A from-scratch policy reads the character tokenizer,
 //! which none of the formats holds: refused.
 
-use crate::{OnBackend, UsageError, on_backend, run_policy};
+use crate::{OnBackend, Role, UsageError, on_backend, run_model};
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use rlany_framework::BackendKind;
@@ -56,6 +56,10 @@ pub struct ExportArgs {
     /// Export this checkpoint (e.g. step-000010) instead of the latest.
     #[arg(long)]
     checkpoint: Option<String>,
+    /// Export the run's judge (a learned or frozen one with a pretrained model) instead of
+    /// its policy.
+    #[arg(long)]
+    judge: bool,
 }
 
 /// The source files of a Hugging Face directory that go with its weights.
@@ -102,11 +106,17 @@ fn export<B: rlany_kernels::LogProbOps>(
     args: &ExportArgs,
     device: &B::Device,
 ) -> Result<Vec<String>> {
-    let p = run_policy::<B>(&args.run_dir, args.checkpoint.as_deref(), device)?;
-    let ModelSource::Pretrained(source) = &p.exp.policy.model else {
+    let role = if args.judge {
+        Role::Judge
+    } else {
+        Role::Policy
+    };
+    let p = run_model::<B>(&args.run_dir, args.checkpoint.as_deref(), role, device)?;
+    let who = if args.judge { "judge" } else { "policy" };
+    let ModelSource::Pretrained(source) = &p.source else {
         return Err(UsageError(format!(
-            "{}: a from-scratch policy reads the character tokenizer, which none of the hf, \
-             peft and gguf formats holds; export needs a policy that starts from a pretrained model",
+            "{}: a from-scratch {who} reads the character tokenizer, which none of the hf, \
+             peft and gguf formats holds; export needs a {who} that starts from a pretrained model",
             args.run_dir.display()
         ))
         .into());
@@ -117,7 +127,7 @@ fn export<B: rlany_kernels::LogProbOps>(
             let src = Path::new(&source.path);
             if src.is_dir() {
                 return Err(UsageError(format!(
-                    "{}: the policy was loaded from a Hugging Face directory ({}); a GGUF export \
+                    "{}: the {who} was loaded from a Hugging Face directory ({}); a GGUF export \
                      copies its source's GGUF metadata and tokenizer, so it needs a GGUF source. \
                      Export --format hf and convert that directory with llama.cpp's \
                      convert_hf_to_gguf.py",
@@ -140,7 +150,7 @@ fn export<B: rlany_kernels::LogProbOps>(
         Format::Peft => {
             let Some(spec) = &source.lora else {
                 return Err(UsageError(format!(
-                    "{}: the policy has no LoRA adapters (its `lora` is None): export it with \
+                    "{}: the {who} has no LoRA adapters (its `lora` is None): export it with \
                      --format hf",
                     args.run_dir.display()
                 ))

@@ -621,7 +621,16 @@ pub(crate) type BuiltModel<B> = (
     Option<rlany_models::ChatTemplate>,
 );
 
-/// A run's trained policy at one of its checkpoints.
+/// Which of a run's models: the policy, or its learned judge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// The policy.
+    Policy,
+    /// The judge (`judge: Learned(...)` or `Frozen(...)`).
+    Judge,
+}
+
+/// A run's trained policy (or judge) at one of its checkpoints.
 pub(crate) struct RunPolicy<B: burn::prelude::Backend> {
     /// The model the run's experiment names (adapters included) with the checkpoint's
     /// trainable weights.
@@ -630,8 +639,8 @@ pub(crate) struct RunPolicy<B: burn::prelude::Backend> {
     pub tokenizer: Box<dyn Tokenizer>,
     /// A pretrained file's chat template.
     pub chat: Option<rlany_models::ChatTemplate>,
-    /// The run's experiment (its `resolved.ron`).
-    pub exp: Experiment,
+    /// Where the model came from (the experiment's policy or judge model).
+    pub source: ModelSource,
     /// The checkpoint's name (`step-000040`).
     pub checkpoint: String,
 }
@@ -641,6 +650,19 @@ pub(crate) struct RunPolicy<B: burn::prelude::Backend> {
 pub(crate) fn run_policy<B: rlany_kernels::LogProbOps>(
     run: &Path,
     checkpoint: Option<&str>,
+    device: &B::Device,
+) -> Result<RunPolicy<B>> {
+    run_model(run, checkpoint, Role::Policy, device)
+}
+
+/// The policy or the judge of the run in `run` at `checkpoint` (default the latest), built as
+/// its experiment names it (the same streams a run draws its fresh models and adapters
+/// from), then given the checkpoint's weights. A judge from scratch reads the policy's
+/// tokenizer, which it is given here too.
+pub(crate) fn run_model<B: rlany_kernels::LogProbOps>(
+    run: &Path,
+    checkpoint: Option<&str>,
+    role: Role,
     device: &B::Device,
 ) -> Result<RunPolicy<B>> {
     use burn::module::AutodiffModule;
@@ -655,23 +677,50 @@ pub(crate) fn run_policy<B: rlany_kernels::LogProbOps>(
     }
     let exp = Experiment::load(&resolved)?;
     let seed = seed_of_run_dir(run)?;
-    let source = &exp.policy.model;
-    let (model, tokenizer, chat) =
-        build_model_with_chat::<Ad<B>>(source, seed, "policy-init", device)
-            .context("policy model")?;
-    let model = with_adapters(model, source, seed, "policy-lora");
+    let (name, source) = match role {
+        Role::Policy => ("policy", exp.policy.model.clone()),
+        Role::Judge => match exp.judge.model() {
+            Some(j) => ("judge", j.model.clone()),
+            None => {
+                return Err(UsageError(format!(
+                    "{}: the run has no judge with a model of its own (its judge is {})",
+                    run.display(),
+                    match exp.judge {
+                        rlany_framework::experiment::JudgeSpec::Oracle(_) => "a synthetic Oracle",
+                        _ => "None",
+                    }
+                ))
+                .into());
+            }
+        },
+    };
+    let (model, tokenizer, chat) = match (role, &source) {
+        (Role::Judge, ModelSource::Scratch(m)) => {
+            // A from-scratch judge reads the policy's tokenizer (the run builds it so).
+            let (_, tok, chat) =
+                build_model_with_chat::<Ad<B>>(&exp.policy.model, seed, "policy-init", device)
+                    .context("policy model")?;
+            let model = scratch_config(m, tok.vocab_size())
+                .init_seeded::<Ad<B>>(device, &mut Rng::derive(seed, "judge-init"))
+                .context("judge model config")?;
+            (model, tok, chat)
+        }
+        _ => build_model_with_chat::<Ad<B>>(&source, seed, &format!("{name}-init"), device)
+            .with_context(|| format!("{name} model"))?,
+    };
+    let model = with_adapters(model, &source, seed, &format!("{name}-lora"));
     let checkpoints = run.join("checkpoints");
     let ckpt = match checkpoint {
         Some(name) => rlany_framework::checkpoint::Reader::named(&checkpoints, name)?,
         None => rlany_framework::checkpoint::Reader::latest(&checkpoints)?,
     };
-    let model = ckpt.trainable("policy", model, device)?.valid();
+    let model = ckpt.trainable(name, model, device)?.valid();
     let checkpoint = ckpt.name();
     Ok(RunPolicy {
         model,
         tokenizer,
         chat,
-        exp,
+        source,
         checkpoint,
     })
 }

@@ -2748,6 +2748,38 @@ fn a_lora_run_exports_to_hf_and_peft_and_both_load_back() {
         let d = diff(&logits(&back), &m);
         assert!(d < tol, "{quant}: {d}");
     }
+    // The run's judge (`--judge`): a LoRA judge on the same file, exported merged and as
+    // adapters, both loading back with the same logits; a run without one is refused.
+    let judged = text.replace("\"tiny_lora_export\"", "\"tiny_lora_judge\"").replace(
+        "    algorithm:",
+        "    judge: Learned(model: Pretrained(path: \"GGUF_PATH\", max_seq_len: 64, lora: Some(r: 4)),\n\
+         \x20       warm_start: (labels: 8, steps: 2, batch: 4, validation: 0.0, source: Expert)),\n    algorithm:",
+    ).replace("GGUF_PATH", &gguf.to_string_lossy());
+    let (code, jrun) = run_file(&dir, "judged.ron", &judged, "tiny_lora_judge", &[]);
+    assert_eq!(code, 0);
+    let jrun_s = jrun.to_string_lossy().into_owned();
+    let (jhf, jpeft) = (dir.join("judge-hf"), dir.join("judge-peft"));
+    for (out, format) in [(&jhf, "hf"), (&jpeft, "peft")] {
+        let out_s = out.to_string_lossy().into_owned();
+        assert_eq!(
+            rlany(&["export", &jrun_s, &out_s, "--format", format, "--judge"]),
+            0
+        );
+    }
+    let judge_merged = rlany_models::load_hf_dir::<NdArray>(&jhf, None, &device).expect("judge hf");
+    let judge_adapted =
+        rlany_models::peft::load_peft_dir(base.clone(), &jpeft).expect("judge peft");
+    let (jm, ja) = (logits(&judge_merged), logits(&judge_adapted));
+    assert!(
+        diff(&jm, &ja) < 1e-4,
+        "judge merged vs adapters: {}",
+        diff(&jm, &ja)
+    );
+    let none = dir.join("no-judge").to_string_lossy().into_owned();
+    assert_eq!(
+        rlany(&["export", &run_s, &none, "--format", "hf", "--judge"]),
+        2
+    );
     // A from-scratch policy: no format holds its tokenizer.
     let (code, tiny) = run_tiny(&dir, &[]);
     assert_eq!(code, 0);
