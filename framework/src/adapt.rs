@@ -221,6 +221,25 @@ pub struct ProposalRequest<'a> {
     pub step: usize,
 }
 
+impl<'a> ProposalRequest<'a> {
+    /// The request of a slot at `current` with accuracy `acc`, moving `direction`.
+    pub fn new(
+        current: &'a [f64],
+        acc: f64,
+        direction: Direction,
+        feedback: &'a CriticFeedback,
+        step: usize,
+    ) -> Self {
+        Self {
+            current,
+            acc,
+            direction,
+            feedback,
+            step,
+        }
+    }
+}
+
 /// Proposes new difficulties for task slots (framework/METHOD.md step 7: `Static`, `Threshold`,
 /// `Gp`). Only [`Proposer::propose`] is required: a proposer without a model of its own
 /// neither observes, nor keeps a state, nor has a posterior to plot.
@@ -581,13 +600,7 @@ mod tests {
         direction: Direction,
         feedback: &'a CriticFeedback,
     ) -> ProposalRequest<'a> {
-        ProposalRequest {
-            current,
-            acc,
-            direction,
-            feedback,
-            step: 0,
-        }
+        ProposalRequest::new(current, acc, direction, feedback, 0)
     }
 
     #[test]

@@ -7,23 +7,6 @@ use rlany_framework::adapt::{
 const BAND: (f64, f64) = (0.2, 0.8);
 const G: usize = 8;
 
-/// The request of a slot at `current` with accuracy `acc`, moving `direction`.
-fn ask<'a>(
-    current: &'a [f64],
-    acc: f64,
-    direction: Direction,
-    feedback: &'a CriticFeedback,
-    step: usize,
-) -> ProposalRequest<'a> {
-    ProposalRequest {
-        current,
-        acc,
-        direction,
-        feedback,
-        step,
-    }
-}
-
 fn true_acc(d: &[f64]) -> f64 {
     let m = d.iter().sum::<f64>() / d.len() as f64;
     sigmoid(6.0 * (0.6 - m))
@@ -64,7 +47,10 @@ fn simulate(proposer: &mut dyn Proposer, seed: u64, max_steps: usize) -> Option<
             group_size: G,
         });
         if let Some(dir) = direction(acc, BAND) {
-            let new = proposer.propose(&ask(&current, acc, dir, &fb, step), &mut rng);
+            let new = proposer.propose(
+                &ProposalRequest::new(&current, acc, dir, &fb, step),
+                &mut rng,
+            );
             proposals += 1;
             // The pending proposal is rolled out at the next step.
             step += 1;
@@ -606,22 +592,22 @@ fn gp_state_round_trip_gives_identical_proposals() {
         let mut rng_b = rng_a.clone();
         for step in 12..15 {
             let pa = a.propose(
-                &ask(&[0.2, 0.1], 0.9, Direction::Harder, &fb, step),
+                &ProposalRequest::new(&[0.2, 0.1], 0.9, Direction::Harder, &fb, step),
                 &mut rng_a,
             );
             let pb = b.propose(
-                &ask(&[0.2, 0.1], 0.9, Direction::Harder, &fb, step),
+                &ProposalRequest::new(&[0.2, 0.1], 0.9, Direction::Harder, &fb, step),
                 &mut rng_b,
             );
             assert_eq!(pa, pb, "round {round} step {step}");
             assert_eq!(a.theta(), b.theta());
             assert_eq!(a.nugget(), b.nugget());
             let pa = a.propose(
-                &ask(&[0.9, 0.8], 0.1, Direction::Easier, &fb, step),
+                &ProposalRequest::new(&[0.9, 0.8], 0.1, Direction::Easier, &fb, step),
                 &mut rng_a,
             );
             let pb = b.propose(
-                &ask(&[0.9, 0.8], 0.1, Direction::Easier, &fb, step),
+                &ProposalRequest::new(&[0.9, 0.8], 0.1, Direction::Easier, &fb, step),
                 &mut rng_b,
             );
             assert_eq!(pa, pb, "round {round} step {step}");
@@ -668,7 +654,10 @@ fn gp_proposals_stay_in_the_trust_region() {
     let r = gp.config().trust_radius;
     for (i, current) in [[0.1, 0.1], [0.5, 0.2], [0.9, 0.95]].iter().enumerate() {
         for (acc, dir) in [(1.0, Direction::Harder), (0.0, Direction::Easier)] {
-            let d = gp.propose(&ask(current, acc, dir, &fb, 12 + i), &mut rng);
+            let d = gp.propose(
+                &ProposalRequest::new(current, acc, dir, &fb, 12 + i),
+                &mut rng,
+            );
             assert!(
                 d.iter()
                     .zip(current)
@@ -734,7 +723,10 @@ fn gp_falls_back_without_data_and_never_panics() {
     let fb = CriticFeedback::default();
     let mut rng = Rng::new(9);
     let mut gp = Gp::new(gp_config(), 100);
-    let d = gp.propose(&ask(&[0.3, 0.3], 1.0, Direction::Harder, &fb, 0), &mut rng);
+    let d = gp.propose(
+        &ProposalRequest::new(&[0.3, 0.3], 1.0, Direction::Harder, &fb, 0),
+        &mut rng,
+    );
     assert!((d[0] - 0.4).abs() < 1e-12 && (d[1] - 0.4).abs() < 1e-12);
     // Same difficulty observed many times: fewer than 2 distinct points -> fallback.
     for s in 0..5 {
@@ -745,7 +737,10 @@ fn gp_falls_back_without_data_and_never_panics() {
             group_size: G,
         });
     }
-    let d = gp.propose(&ask(&[0.3, 0.3], 0.0, Direction::Easier, &fb, 5), &mut rng);
+    let d = gp.propose(
+        &ProposalRequest::new(&[0.3, 0.3], 0.0, Direction::Easier, &fb, 5),
+        &mut rng,
+    );
     assert!((d[0] - 0.2).abs() < 1e-12 && (d[1] - 0.2).abs() < 1e-12);
     // Garbage in: NaN observations and empty groups are dropped, NaN acc falls back.
     gp.observe(Observation {
@@ -768,12 +763,15 @@ fn gp_falls_back_without_data_and_never_panics() {
     });
     assert_eq!(gp.observations().len(), 5);
     let d = gp.propose(
-        &ask(&[0.3, 0.3], f64::NAN, Direction::Easier, &fb, 6),
+        &ProposalRequest::new(&[0.3, 0.3], f64::NAN, Direction::Easier, &fb, 6),
         &mut rng,
     );
     assert_eq!(d.len(), 2);
     // Mismatched dimensionality: fallback, no panic.
-    let d = gp.propose(&ask(&[0.5], 1.0, Direction::Harder, &fb, 7), &mut rng);
+    let d = gp.propose(
+        &ProposalRequest::new(&[0.5], 1.0, Direction::Harder, &fb, 7),
+        &mut rng,
+    );
     assert!((d[0] - 0.6).abs() < 1e-12);
     // Critic feedback restricts the fallback move to the flagged dimension.
     let fb1 = CriticFeedback {
@@ -781,8 +779,10 @@ fn gp_falls_back_without_data_and_never_panics() {
         flagged_steps: 1,
         steps: 3,
     };
-    let d = Gp::new(gp_config(), 100)
-        .propose(&ask(&[0.5, 0.5], 1.0, Direction::Harder, &fb1, 0), &mut rng);
+    let d = Gp::new(gp_config(), 100).propose(
+        &ProposalRequest::new(&[0.5, 0.5], 1.0, Direction::Harder, &fb1, 0),
+        &mut rng,
+    );
     assert_eq!(d, vec![0.5, 0.6]);
     // Odd settings: empty or non-finite nugget grid, zero trust radius; still no panic.
     let mut odd = Gp::new(
@@ -805,7 +805,10 @@ fn gp_falls_back_without_data_and_never_panics() {
             group_size: G,
         });
     }
-    let d = odd.propose(&ask(&[0.2, 0.1], 1.0, Direction::Harder, &fb, 4), &mut rng);
+    let d = odd.propose(
+        &ProposalRequest::new(&[0.2, 0.1], 1.0, Direction::Harder, &fb, 4),
+        &mut rng,
+    );
     assert_eq!(d.len(), 2);
     assert!(GpSpec::default().validate().is_ok());
     assert!(
