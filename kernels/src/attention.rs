@@ -80,6 +80,28 @@ pub trait AttentionOps: Backend {
         [into_prim(dq), into_prim(dk), into_prim(dv)]
     }
 
+    /// [`grouped_attention`](Self::grouped_attention) over the first `keys` positions of a
+    /// KV cache's buffers, read where they lie, for inference (no backward); `None` where the
+    /// backend has no such path (the default; the GPU backends and `Autodiff`), and the
+    /// caller narrows the buffers and calls `grouped_attention`. The CPU backend overrides
+    /// it with [`crate::cached_attention::cached_attention_host`].
+    ///
+    /// # Shapes
+    /// - `q`: `[batch, kv_heads, group * seq, head_dim]`, scaled
+    /// - `k_buffer`, `v_buffer`: `[batch, kv_heads, capacity, head_dim]`, `keys <= capacity`
+    /// - `bias`: `[batch or 1, 1, seq, keys]` (f32)
+    /// - output: `[batch, kv_heads, group * seq, head_dim]`
+    fn cached_attention(
+        _q: FloatTensor<Self>,
+        _k_buffer: FloatTensor<Self>,
+        _v_buffer: FloatTensor<Self>,
+        _keys: usize,
+        _bias: Option<FloatTensor<Self>>,
+        _group: usize,
+    ) -> Option<FloatTensor<Self>> {
+        None
+    }
+
     /// `buffer` with `src` written at positions `at..at + seq` of its third axis: the KV
     /// cache's write of new keys or values after the filled positions. By default a
     /// `slice_assign`; a backend whose `slice_assign` copies the whole destination overrides it

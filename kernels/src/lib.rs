@@ -18,9 +18,13 @@
 //! - [`mod@packed`]: products with weights kept in llama.cpp's quantized blocks
 //!   ([`PackedMatrix`]), for decoding a few rows on the CPU; the dense product of the same
 //!   weights is the twin.
+//! - [`mod@cached_attention`]: the attention of new positions over a KV cache read in place,
+//!   on the host (the CPU backend's [`AttentionOps::cached_attention`]); the composition is
+//!   the twin.
 
 pub mod attention;
 mod autodiff;
+pub mod cached_attention;
 #[cfg(feature = "cube")]
 mod cube;
 pub mod fused;

@@ -193,9 +193,91 @@ where
     burn::backend::ndarray::NdArrayTensor: From<burn::backend::ndarray::SharedArray<E>>,
     burn::backend::ndarray::NdArrayTensor: From<burn::backend::ndarray::SharedArray<I>>,
 {
-    /// On the host ([`crate::packed`]).
+    /// On the host ([`crate::packed`]), reading the input where it lies when its layout is
+    /// row-major: `into_data` would copy it element by element through a dynamic-rank
+    /// iterator whenever the tensor is shared, which the caller's clone always makes it —
+    /// 17% of a SmolLM2 single-stream token on the 2-core Xeon (reports/perf/NOTES.md §9l).
     fn packed_matmul(x: FloatTensor<Self>, w: &crate::PackedMatrix) -> Option<FloatTensor<Self>> {
-        crate::packed::packed_matmul_via_host::<Self>(x, w)
+        use burn::backend::ndarray::NdArrayTensor;
+        let NdArrayTensor::F32(storage) = &x else {
+            return crate::packed::packed_matmul_via_host::<Self>(x, w);
+        };
+        let view = storage.view();
+        let m = *view.shape().first()?;
+        let y = match view.as_slice() {
+            Some(x) => crate::packed::packed_matmul_host(x, m, w),
+            None => crate::packed::packed_matmul_host(&view.iter().copied().collect::<Vec<_>>(), m, w),
+        };
+        Some(NdArrayTensor::from_data(burn::tensor::TensorData::new(
+            y,
+            [m, w.rows()],
+        )))
+    }
+
+    /// On the host, the buffers read where they lie ([`crate::cached_attention`]); `None`
+    /// (the composition) for other dtypes or a buffer not in row-major layout.
+    fn cached_attention(
+        q: FloatTensor<Self>,
+        k_buffer: FloatTensor<Self>,
+        v_buffer: FloatTensor<Self>,
+        keys: usize,
+        bias: Option<FloatTensor<Self>>,
+        group: usize,
+    ) -> Option<FloatTensor<Self>> {
+        use crate::cached_attention::{CacheLayout, cached_attention_host};
+        use burn::backend::ndarray::NdArrayTensor;
+        let (NdArrayTensor::F32(q), NdArrayTensor::F32(k), NdArrayTensor::F32(v)) =
+            (&q, &k_buffer, &v_buffer)
+        else {
+            return None;
+        };
+        let (q, k, v) = (q.view(), k.view(), v.view());
+        let (&[batch, kv_heads, rows, head_dim], &[_, _, capacity, _]) = (q.shape(), k.shape())
+        else {
+            return None;
+        };
+        let seq = rows / group.max(1);
+        let (k, v) = (k.as_slice()?, v.as_slice()?);
+        let q_copy;
+        let q = match q.as_slice() {
+            Some(q) => q,
+            None => {
+                q_copy = q.iter().copied().collect::<Vec<f32>>();
+                &q_copy
+            }
+        };
+        let bias_view = match &bias {
+            Some(NdArrayTensor::F32(b)) => Some(b.view()),
+            Some(_) => return None,
+            None => None,
+        };
+        let bias_copy;
+        let bias = match &bias_view {
+            Some(b) => {
+                let bias_batch = *b.shape().first()?;
+                let values = match b.as_slice() {
+                    Some(values) => values,
+                    None => {
+                        bias_copy = b.iter().copied().collect::<Vec<f32>>();
+                        &bias_copy
+                    }
+                };
+                Some((values, bias_batch))
+            }
+            None => None,
+        };
+        let cache = CacheLayout {
+            batch,
+            kv_heads,
+            capacity,
+            head_dim,
+            keys,
+        };
+        let y = cached_attention_host(q, rows, k, v, cache, bias, seq);
+        Some(NdArrayTensor::from_data(burn::tensor::TensorData::new(
+            y,
+            [batch, kv_heads, rows, head_dim],
+        )))
     }
 }
 

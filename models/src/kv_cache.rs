@@ -29,17 +29,18 @@ fn write<B: AttentionOps>(buffer: Tensor<B, 4>, src: Tensor<B, 4>, at: usize) ->
 
 impl<B: AttentionOps> LayerKv<B> {
     /// Writes `k` and `v` after the filled positions (growing the buffers first when they
-    /// are full) and returns views of every filled position.
+    /// are full) and returns the buffers (sharing the cache's storage: drop them before the
+    /// next write, which is then in place) and how many positions are filled.
     ///
     /// # Shapes
     /// - `k`, `v`: `[batch, kv_heads, seq, head_dim]`
-    /// - outputs: `[batch, kv_heads, len + seq, head_dim]`
+    /// - outputs: `[batch, kv_heads, capacity, head_dim]`, filled `0..len + seq`
     pub(crate) fn append(
         slot: &mut Option<Self>,
         k: Tensor<B, 4>,
         v: Tensor<B, 4>,
         reserve: usize,
-    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    ) -> (Tensor<B, 4>, Tensor<B, 4>, usize) {
         let [batch, kv_heads, seq, head_dim] = k.dims();
         let buffer = |positions: usize, like: &Tensor<B, 4>| {
             Tensor::<B, 4>::zeros(
@@ -67,12 +68,9 @@ impl<B: AttentionOps> LayerKv<B> {
         kv.key = write(kv.key, k, kv.len);
         kv.value = write(kv.value, v, kv.len);
         kv.len = needed;
-        let views = (
-            kv.key.clone().narrow(2, 0, needed),
-            kv.value.clone().narrow(2, 0, needed),
-        );
+        let buffers = (kv.key.clone(), kv.value.clone(), needed);
         *slot = Some(kv);
-        views
+        buffers
     }
 }
 

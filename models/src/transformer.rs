@@ -21,10 +21,12 @@ use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNor
 use burn::prelude::*;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
 use burn::tensor::activation::silu;
-use burn::tensor::{DType, FloatDType};
+use burn::tensor::{DType, FloatDType, TensorPrimitive};
 use rlany_framework::ppo::in_f32;
 use rlany_framework::{CausalLm, Generation, Rng, SampleParams, select_positions};
-use rlany_kernels::{AttentionOps, PackedMatrix, grouped_attention, packed_matmul, rotary};
+use rlany_kernels::{
+    AttentionOps, PACKED_MAX_ROWS, PackedMatrix, grouped_attention, packed_matmul, rotary,
+};
 
 use crate::decode::{self, Contexts};
 use crate::error::ModelError;
@@ -406,11 +408,6 @@ impl<B: AttentionOps> Attention<B> {
         let q = rotary(q, cos, sin);
         let k = rotary(k, cos, sin);
 
-        let (k, v) = match cache {
-            Some((slot, reserve)) => LayerKv::append(slot, k, v, reserve),
-            None => (k, v),
-        };
-
         // Each K/V head serves `group` consecutive query heads (the repeat of GQA), done by
         // folding those heads into the row dimension instead of copying K and V:
         // [batch, kv_heads, group * seq, head_dim]
@@ -422,9 +419,39 @@ impl<B: AttentionOps> Attention<B> {
         ]);
         // softmax(q kᵀ + bias) v; under autodiff its backward recomputes the probabilities
         // rather than keeping every layer's [heads, seq, keys] (rlany-kernels, `attention`).
+        // Where the projections read packed blocks (a decode step of at most
+        // `PACKED_MAX_ROWS` rows of `rlany generate` on a CPU backend) the cache is read in
+        // place ([`AttentionOps::cached_attention`]); a run's numbers stay the composition's.
+        // [batch, kv_heads, group * seq, head_dim]
+        let context = match cache {
+            Some((slot, reserve)) => {
+                let (k, v, keys) = LayerKv::append(slot, k, v, reserve);
+                let few_rows = batch * seq <= PACKED_MAX_ROWS;
+                let in_place = extra.packed.filter(|_| few_rows).and_then(|_| {
+                    B::cached_attention(
+                        q.clone().into_primitive().tensor(),
+                        k.clone().into_primitive().tensor(),
+                        v.clone().into_primitive().tensor(),
+                        keys,
+                        bias.map(|b| b.clone().into_primitive().tensor()),
+                        group,
+                    )
+                });
+                match in_place {
+                    Some(context) => Tensor::from_primitive(TensorPrimitive::Float(context)),
+                    None => grouped_attention(
+                        q,
+                        k.narrow(2, 0, keys),
+                        v.narrow(2, 0, keys),
+                        bias.cloned(),
+                        group,
+                    ),
+                }
+            }
+            None => grouped_attention(q, k, v, bias.cloned(), group),
+        };
         // [batch, kv_heads, group * seq, head_dim] -> [batch, heads, seq, head_dim]
-        let context =
-            grouped_attention(q, k, v, bias.cloned(), group).reshape([batch, heads, seq, head_dim]);
+        let context = context.reshape([batch, heads, seq, head_dim]);
         // [batch, seq, heads, head_dim] -> [batch, seq, heads * head_dim]
         let context = context
             .swap_dims(1, 2)
