@@ -1,9 +1,9 @@
 //! `rlany export RUN_DIR OUT --format hf|peft|gguf`: a run's trained policy in a format other
 //! tools load — a Hugging Face directory (`config.json`, `model.safetensors` with the LoRA
-//! adapters merged, `generation_config.json`, and the source's tokenizer files when it came
-//! from a Hugging Face directory), PEFT's adapter directory over the base model, or (for a
-//! policy loaded from a GGUF file) a GGUF file for llama.cpp, `--quant f16|q8_0`, with the
-//! source's metadata and tokenizer. A from-scratch policy reads the character tokenizer,
+//! adapters merged, `generation_config.json`, and the tokenizer: the source's own files when
+//! it came from a Hugging Face directory, written from the metadata when from a GGUF file),
+//! PEFT's adapter directory over the base model, or (for a policy loaded from a GGUF file) a
+//! GGUF file for llama.cpp, `--quant f16|q8_0`, with the source's metadata and tokenizer. A from-scratch policy reads the character tokenizer,
 //! which none of the formats holds: refused.
 
 use crate::{OnBackend, Role, UsageError, on_backend, run_model};
@@ -185,14 +185,39 @@ fn export<B: rlany_kernels::LogProbOps>(
                     }
                 }
             } else {
-                notes.push(format!(
-                    "{} is a GGUF file: its tokenizer is not written as tokenizer.json by this \
-                     version; load the tokenizer of the model's Hugging Face repository beside \
-                     these weights (the ids are the same)",
-                    source.path
-                ));
+                write_gguf_tokenizer(&GgufFile::open(src)?, &args.out)?;
             }
         }
     }
     Ok(notes)
+}
+
+/// The tokenizer of a GGUF source as a Hugging Face directory holds it: `tokenizer.json` (the
+/// file's vocabulary, merges and pre-tokenizer), `tokenizer_config.json` (the fast tokenizer
+/// class, the bos/eos/pad tokens and the chat template) and `special_tokens_map.json`.
+fn write_gguf_tokenizer(gguf: &GgufFile, out: &Path) -> Result<()> {
+    let spec = gguf.tokenizer_spec()?;
+    let text = |id: u32| spec.tokens.get(id as usize).cloned();
+    let (bos, eos, pad) = (text(spec.bos), text(spec.eos), text(spec.pad));
+    let mut config = serde_json::json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "clean_up_tokenization_spaces": false,
+        "bos_token": bos,
+        "eos_token": eos,
+        "pad_token": pad,
+    });
+    if let Some(template) = gguf.chat_template() {
+        config["chat_template"] = serde_json::Value::from(template);
+    }
+    let map = serde_json::json!({ "bos_token": bos, "eos_token": eos, "pad_token": pad });
+    for (name, value) in [
+        ("tokenizer.json", spec.to_tokenizer_json()?),
+        ("tokenizer_config.json", config),
+        ("special_tokens_map.json", map),
+    ] {
+        let path = out.join(name);
+        std::fs::write(&path, serde_json::to_string_pretty(&value)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
 }

@@ -133,6 +133,96 @@ pub struct BpeSpec {
     pub pre: PreTokenizer,
 }
 
+impl BpeSpec {
+    /// This tokenizer as a Hugging Face `tokenizer.json`, what
+    /// [`BpeTokenizer::from_tokenizer_json`] and `transformers` read: a byte-level `"BPE"`
+    /// model with every token in its vocabulary and the merges in rank order, the
+    /// pre-tokenizer of [`BpeSpec::pre`] in the form `tokenizers` writes it, a byte-level
+    /// decoder, and every control, unknown, user-defined or unused token also listed as an
+    /// added token (`special` for all but user-defined ones). Read back it gives the same
+    /// tokens, merges and pre-tokenizer; token types narrow to what the format holds (byte
+    /// tokens read as normal, unknown and unused ones as control).
+    ///
+    /// # Errors
+    /// [`ModelError::Tokenizer`] if a token's text occurs at two ids, which the format's
+    /// vocabulary (an object keyed by text) cannot hold.
+    pub fn to_tokenizer_json(&self) -> Result<Value, ModelError> {
+        let mut vocab = serde_json::Map::with_capacity(self.tokens.len());
+        let mut added = Vec::new();
+        for (id, text) in self.tokens.iter().enumerate() {
+            if let Some(first) = vocab.insert(text.clone(), Value::from(id)) {
+                return Err(ModelError::Tokenizer(format!(
+                    "token {text:?} is at ids {first} and {id}: tokenizer.json cannot hold both"
+                )));
+            }
+            let token_type = self.token_types.get(id).copied().unwrap_or(TYPE_NORMAL);
+            if !matches!(token_type, TYPE_NORMAL | TYPE_BYTE) {
+                added.push(serde_json::json!({
+                    "id": id,
+                    "content": text,
+                    "single_word": false,
+                    "lstrip": false,
+                    "rstrip": false,
+                    "normalized": false,
+                    "special": token_type != TYPE_USER_DEFINED,
+                }));
+            }
+        }
+        let byte_level = |use_regex: bool| {
+            serde_json::json!({
+                "type": "ByteLevel",
+                "add_prefix_space": false,
+                "trim_offsets": true,
+                "use_regex": use_regex,
+            })
+        };
+        let pre_tokenizer = match self.pre {
+            PreTokenizer::Gpt2 => byte_level(true),
+            PreTokenizer::SmolLm => serde_json::json!({
+                "type": "Sequence",
+                "pretokenizers": [
+                    {"type": "Digits", "individual_digits": true},
+                    byte_level(true),
+                ],
+            }),
+            PreTokenizer::Qwen2 => serde_json::json!({
+                "type": "Sequence",
+                "pretokenizers": [
+                    {
+                        "type": "Split",
+                        "pattern": {"Regex": QWEN2_HF_PATTERN},
+                        "behavior": "Isolated",
+                        "invert": false,
+                    },
+                    byte_level(false),
+                ],
+            }),
+        };
+        Ok(serde_json::json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": added,
+            "normalizer": null,
+            "pre_tokenizer": pre_tokenizer,
+            "post_processor": null,
+            "decoder": byte_level(true),
+            "model": {
+                "type": "BPE",
+                "dropout": null,
+                "unk_token": null,
+                "continuing_subword_prefix": null,
+                "end_of_word_suffix": null,
+                "fuse_unk": false,
+                "byte_fallback": false,
+                "ignore_merges": false,
+                "vocab": vocab,
+                "merges": self.merges,
+            },
+        }))
+    }
+}
+
 /// Optional bos/eos/pad ids for [`BpeTokenizer::from_tokenizer_json_with`]; `None` takes the
 /// default described there.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -1280,6 +1370,44 @@ mod tests {
     const SMOLLM_PRE: &str = r#"{"type": "Sequence", "pretokenizers": [
         {"type": "Digits", "individual_digits": true},
         {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}]}"#;
+
+    /// A spec written as `tokenizer.json` reads back as the same spec (types narrowed as the
+    /// format holds them) and encodes as the original, for each pre-tokenizer.
+    #[test]
+    fn a_spec_round_trips_through_tokenizer_json() {
+        let dir = temp_dir("json-out");
+        let path = dir.join("tokenizer.json");
+        for pre in [PreTokenizer::Gpt2, PreTokenizer::SmolLm, PreTokenizer::Qwen2] {
+            std::fs::write(&path, tiny_json(SMOLLM_PRE)).expect("write");
+            let json: Value =
+                serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
+            let mut spec = spec_from_tokenizer_json(&json, SpecialIds::default()).expect("spec");
+            spec.pre = pre;
+            // A byte-typed token narrows to a normal one.
+            spec.token_types[65] = TYPE_BYTE;
+            let written = spec.to_tokenizer_json().expect("writes");
+            let back = spec_from_tokenizer_json(&written, SpecialIds::default()).expect("reads");
+            let mut want = spec.clone();
+            want.token_types[65] = TYPE_NORMAL;
+            assert_eq!(back, want, "{pre:?}");
+            std::fs::write(&path, written.to_string()).expect("write");
+            let (a, b) = (
+                BpeTokenizer::new(spec.clone()).expect("original"),
+                BpeTokenizer::from_tokenizer_json(&path).expect("written"),
+            );
+            for text in ["the theme", "<|im_start|>user 12 the<|im_end|>", "a <tool> b\n"] {
+                assert_eq!(a.encode(text), b.encode(text), "{pre:?}: {text:?}");
+            }
+        }
+        let mut twice = spec_from_tokenizer_json(
+            &serde_json::from_str(&tiny_json(SMOLLM_PRE)).expect("json"),
+            SpecialIds::default(),
+        )
+        .expect("spec");
+        twice.tokens[100] = twice.tokens[101].clone();
+        let e = twice.to_tokenizer_json().expect_err("a text at two ids");
+        assert!(e.to_string().contains("ids 100 and 101"), "{e}");
+    }
 
     #[test]
     fn bpe_from_tokenizer_json() {

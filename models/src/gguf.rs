@@ -601,6 +601,11 @@ impl GgufFile {
     /// pre-tokenizer named by `pre`, tokens, token types, merges, bos/eos/padding ids; padding
     /// defaults to eos).
     pub fn tokenizer(&self) -> Result<BpeTokenizer, ModelError> {
+        BpeTokenizer::new(self.tokenizer_spec()?).map_err(|e| self.err(e.to_string()))
+    }
+
+    /// What defines [`GgufFile::tokenizer`], as the metadata holds it.
+    pub fn tokenizer_spec(&self) -> Result<BpeSpec, ModelError> {
         let model = self
             .get("tokenizer.ggml.model")
             .and_then(GgufValue::as_str)
@@ -655,7 +660,7 @@ impl GgufFile {
                 .unwrap_or("gpt2"),
         )
         .map_err(|e| self.err(e.to_string()))?;
-        BpeTokenizer::new(BpeSpec {
+        Ok(BpeSpec {
             tokens: strings("tokenizer.ggml.tokens")?,
             token_types,
             merges: strings("tokenizer.ggml.merges")?,
@@ -664,7 +669,6 @@ impl GgufFile {
             pad,
             pre,
         })
-        .map_err(|e| self.err(e.to_string()))
     }
 
     /// The Jinja chat template in the metadata, if any.

@@ -1675,6 +1675,7 @@ fn shards_compute_what_one_batch_does() {
                 shards,
                 ..Spread::default()
             },
+            micro_batch: 0,
         };
         let (m, loss) = supervised(
             model.clone(),
@@ -2704,9 +2705,20 @@ fn a_lora_run_exports_to_hf_and_peft_and_both_load_back() {
     assert_eq!(rlany(&["export", &run_s, &peft_s, "--format", "peft"]), 0);
     let device = Default::default();
     let merged = rlany_models::load_hf_dir::<NdArray>(&hf, None, &device).expect("hf export");
-    let base = rlany_models::load_pretrained::<NdArray>(&gguf, Some(64), &device)
-        .expect("base")
-        .model;
+    let source = rlany_models::load_pretrained::<NdArray>(&gguf, Some(64), &device).expect("base");
+    // The GGUF source's tokenizer is written beside the weights: the directory loads as a
+    // whole pretrained model whose tokenizer encodes as the file's, with its chat template.
+    let exported = rlany_models::load_pretrained::<NdArray>(&hf, Some(64), &device)
+        .expect("the hf export with its tokenizer.json");
+    for text in ["7 + 5 = 12", "<|im_start|>user\nhello there<|im_end|>", "Ġ é 1234"] {
+        assert_eq!(
+            rlany_framework::Tokenizer::encode(&exported.tokenizer, text),
+            rlany_framework::Tokenizer::encode(&source.tokenizer, text),
+            "{text:?}"
+        );
+    }
+    assert_eq!(exported.chat.is_some(), source.chat.is_some());
+    let base = source.model;
     let adapted = rlany_models::peft::load_peft_dir(base.clone(), &peft).expect("peft export");
     let tokens = || {
         Tensor::<NdArray, 2, Int>::from_data(
