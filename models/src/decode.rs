@@ -12,7 +12,7 @@
 //!    appends) are left-padded to one chunk and read in one pass over the cache. A pad is a
 //!    key masked for every later query, so rows of different lengths share one tensor; each
 //!    real token sits at its row's own next rotary position. On fresh contexts whose prompts
-//!    all start with the same `SHARED_PREFIX_MIN` = 16 tokens or more (a chat template's system
+//!    all start with the same [`SHARED_PREFIX_MIN`] = 16 tokens or more (a chat template's system
 //!    prompt and instructions; the samples of one task), that prefix is read once, as a
 //!    batch of one, and its K/V are copied to every row before the remainders are read: the
 //!    same values for a fraction of the arithmetic.
@@ -30,17 +30,21 @@
 //!
 //! The first call on fresh contexts computes exactly what one pass over the left-padded
 //! prompts followed by cached decoding computes (the `generate` of earlier versions).
+//!
+//! Below the sampling loop are what the decoder's own forward passes (`transformer.rs`)
+//! share with it: the causal and key-padding attention biases ([`causal_bias`],
+//! [`combine_bias`]), the shared-prefix rule ([`shared_prefix_len`]), and the LM head as a
+//! decode step reads it ([`Transformer::decode_logits`]).
 
 use burn::prelude::*;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{DType, FloatDType};
+use rlany_framework::ppo::in_f32;
 use rlany_framework::sampling::Sampler;
 use rlany_framework::{Generation, Rng, SampleParams};
-use rlany_kernels::AttentionOps;
+use rlany_kernels::{AttentionOps, packed_matmul};
 
-use crate::transformer::{
-    KvCache, MASKED, PAD_ID, Transformer, causal_bias, combine_bias, shared_prefix_len,
-};
+use crate::transformer::{KvCache, MASKED, PAD_ID, Transformer};
 
 /// The contexts of a batch of rows, kept between [`CausalLm::extend`] calls.
 ///
@@ -441,12 +445,171 @@ fn read<B: AttentionOps>(
         .narrow(1, width - 1, 1)
 }
 
+/// The shortest common prefix of a batch's rows that [`Transformer::hidden_at`] computes
+/// once instead of once per row (below it, the second pass costs more than it saves).
+pub const SHARED_PREFIX_MIN: usize = 16;
+
+/// How many leading tokens every row shares, when two rows or more share
+/// [`SHARED_PREFIX_MIN`] or more; 0 otherwise. At most the shortest row's length − 1, so that
+/// every row keeps a position of its own after the prefix (the one whose hidden state is read
+/// last). The one rule for the training forward ([`Transformer::hidden_at`]) and generation
+/// ([`extend`]).
+pub(crate) fn shared_prefix_len<T: PartialEq, R: AsRef<[T]>>(rows: &[R]) -> usize {
+    let Some((first, others)) = rows.split_first() else {
+        return 0;
+    };
+    if others.is_empty() {
+        return 0;
+    }
+    let first = first.as_ref();
+    let shortest = rows.iter().map(|r| r.as_ref().len()).min().unwrap_or(0);
+    let common = (0..shortest)
+        .take_while(|&j| others.iter().all(|r| r.as_ref()[j] == first[j]))
+        .count()
+        .min(shortest.saturating_sub(1));
+    if common >= SHARED_PREFIX_MIN {
+        common
+    } else {
+        0
+    }
+}
+
+/// [`shared_prefix_len`] of the rows of `tokens` (their ids read to the host).
+///
+/// # Shapes
+/// - `tokens`: `[batch, seq]`, `seq > 0`
+pub(crate) fn tokens_shared_prefix<B: Backend>(tokens: &Tensor<B, 2, Int>) -> usize {
+    let [_, seq] = tokens.dims();
+    let ids = tokens.clone().into_data().convert::<i64>();
+    let Ok(ids) = ids.to_vec::<i64>() else {
+        return 0;
+    };
+    // [batch * seq] -> batch rows of seq
+    let rows: Vec<&[i64]> = ids.chunks(seq).collect();
+    shared_prefix_len(&rows)
+}
+
+/// Additive causal bias: query `i` (absolute position `cache_len + i`) sees keys
+/// `j <= cache_len + i`. `None` when `seq == 1` (a single new query sees every key).
+///
+/// # Shapes
+/// - output: `[1, 1, seq, cache_len + seq]` (f32)
+pub(crate) fn causal_bias<B: Backend>(
+    cache_len: usize,
+    seq: usize,
+    device: &B::Device,
+) -> Option<Tensor<B, 4>> {
+    if seq <= 1 {
+        return None;
+    }
+    let keys = cache_len + seq;
+    let mut bias = vec![0.0f32; seq * keys];
+    for i in 0..seq {
+        for j in (cache_len + i + 1)..keys {
+            bias[i * keys + j] = MASKED;
+        }
+    }
+    Some(Tensor::from_data(
+        TensorData::new(bias, [1, 1, seq, keys]),
+        (device, DType::F32),
+    ))
+}
+
+/// Sum of the optional causal and key-padding biases.
+pub(crate) fn combine_bias<B: Backend>(
+    causal: Option<Tensor<B, 4>>,
+    keys: Option<Tensor<B, 4>>,
+) -> Option<Tensor<B, 4>> {
+    match (causal, keys) {
+        (Some(c), Some(k)) => Some(c + k),
+        (c, k) => c.or(k),
+    }
+}
+
+/// Elements of the embedding in one slice of the tied LM head while decoding (4 MiB in f32;
+/// see [`Transformer::decode_logits`]).
+const HEAD_SLICE: usize = 1 << 20;
+
+impl<B: AttentionOps> Transformer<B> {
+    /// [`Transformer::logits`] for decoding: the same logits, bit for bit on NdArray, with a
+    /// tied head computed one slice of the vocabulary at a time.
+    ///
+    /// Burn's NdArray backend copies both operands of every matrix product into fresh
+    /// row-major buffers, so `hidden · embeddingᵀ` gathers the whole transposed embedding
+    /// element by element on every decode step (SmolLM2: 28M strided reads, ~2/3 of a decode
+    /// step). Here each slice of [`HEAD_SLICE`] embedding elements, a contiguous view, is the
+    /// left operand of `embedding[slice] · hiddenᵀ`: a contiguous copy small enough to stay
+    /// in cache. Each logit is still one dot product over `d_model` in the same order
+    /// (`a·b = b·a`; the product is blocked along `d_model` alone, never along the vocabulary
+    /// or the rows; the test `sliced_tied_head_is_bit_identical` checks it). A GPU backend may
+    /// tile the slices differently from the whole product (not checked bit for bit there).
+    /// [`Transformer::logits`] itself, used by training, keeps the single product; an untied
+    /// head (the models trained from scratch) goes through it unchanged.
+    ///
+    /// # Shapes
+    /// - `hidden`: `[batch, seq, d_model]`
+    /// - output: `[batch, seq, vocab]`
+    pub(crate) fn decode_logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        if let Some(head) = self.packed.as_ref().and_then(|p| p.head.as_deref()) {
+            let [batch, seq, d_model] = hidden.dims();
+            // [batch * seq, d_model] -> [batch * seq, vocab] -> [batch, seq, vocab]
+            let flat = hidden.clone().reshape([batch * seq, d_model]);
+            if let Some(logits) = packed_matmul(&flat, head) {
+                return logits.reshape([batch, seq, self.config.vocab_size]);
+            }
+        }
+        let rows = HEAD_SLICE / self.config.d_model;
+        in_f32(self.sliced_logits(hidden, rows))
+    }
+
+    /// [`Transformer::decode_logits`] with slices of `rows` vocabulary entries (the last one
+    /// shorter); the untied head is one product as in [`Transformer::logits`].
+    ///
+    /// # Shapes
+    /// - `hidden`: `[batch, seq, d_model]`
+    /// - output: `[batch, seq, vocab]`
+    fn sliced_logits(&self, hidden: Tensor<B, 3>, rows: usize) -> Tensor<B, 3> {
+        if self.lm_head.is_some() {
+            return self.logits(hidden);
+        }
+        let [batch, seq, d_model] = hidden.dims();
+        let (device, dtype) = (hidden.device(), hidden.dtype());
+        let vocab = self.config.vocab_size;
+        let rows = rows.clamp(1, vocab);
+        // [batch * seq, d_model] -> [d_model, batch * seq]
+        let columns = hidden.reshape([batch * seq, d_model]).transpose();
+        let embedding = self.embedding.weight.val();
+        // [rows, d_model] x [d_model, batch * seq] per slice -> [vocab, batch * seq]
+        let slices = (0..vocab)
+            .step_by(rows)
+            .map(|start| {
+                embedding
+                    .clone()
+                    .narrow(0, start, rows.min(vocab - start))
+                    .matmul(columns.clone())
+            })
+            .collect();
+        // [vocab, batch * seq] -> [batch * seq, vocab] -> [batch, seq, vocab]
+        let logits = Tensor::cat(slices, 0)
+            .transpose()
+            .reshape([batch, seq, vocab]);
+        // Copied into a fresh buffer: NdArray reads a tensor to the host in one copy only when
+        // its strides are exactly row-major, and the reshape gives a length-1 axis stride 1
+        // (read element by element, the SmolLM2 logits take ~1.5 ms more per step).
+        Tensor::zeros([batch, seq, vocab], (&device, dtype))
+            .slice_assign([0..batch, 0..seq, 0..vocab], logits)
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use burn::backend::NdArray;
+    use rlany_framework::CausalLm;
 
-    type B = NdArray<f32>;
+    use super::*;
+    use crate::test_support::{
+        B, argmax, int_tensor, max_abs_diff, model, row_logits, tiny, to_vec,
+    };
+    use crate::transformer::TransformerConfig;
 
     /// The host rule in f64: the first id whose running sum exceeds `u` times the total.
     fn host_rule(p: &[f32], u: f64) -> (usize, bool) {
@@ -499,5 +662,375 @@ mod tests {
             }
         }
         assert!(checked >= 40, "{checked} rows away from a boundary");
+    }
+
+    fn params(temperature: f64, top_p: f64, max_new_tokens: usize, stop: Vec<u32>) -> SampleParams {
+        SampleParams {
+            temperature,
+            top_p,
+            max_new_tokens,
+            stop_tokens: stop,
+            on_device: false,
+        }
+    }
+
+    #[test]
+    fn sampling_on_the_device_follows_the_host_rule() {
+        let model = model(&tiny(), 29);
+        for (temperature, stop) in [(0.0, vec![]), (1.0, vec![4, 9]), (0.7, vec![])] {
+            let host = params(temperature, 1.0, 10, stop);
+            let device = SampleParams {
+                on_device: true,
+                ..host.clone()
+            };
+            let (mut rh, mut rd) = (Rng::new(31), Rng::new(31));
+            let a = model.generate(&prompts(), &host, &mut rh);
+            let b = model.generate(&prompts(), &device, &mut rd);
+            assert_eq!(rh, rd, "the same uniforms are drawn");
+            for (x, y) in a.iter().zip(&b) {
+                assert_eq!(x.tokens, y.tokens, "T = {temperature}");
+                assert_eq!(x.stopped, y.stopped);
+                assert!(max_abs_diff(&x.logprobs, &y.logprobs) <= 1e-4);
+            }
+        }
+    }
+
+    fn prompts() -> Vec<Vec<u32>> {
+        vec![
+            vec![1, 40, 41, 42, 43, 44],
+            vec![1, 50],
+            vec![1, 60, 61, 62],
+            vec![1],
+        ]
+    }
+
+    #[test]
+    fn greedy_generation_is_the_argmax_of_forward() {
+        let model = model(&tiny(), 21);
+        let p = params(0.0, 1.0, 8, vec![]);
+        let a = model.generate(&prompts(), &p, &mut Rng::new(1));
+        let b = model.generate(&prompts(), &p, &mut Rng::new(2));
+        assert_eq!(a, b);
+        for (prompt, g) in prompts().iter().zip(&a) {
+            assert_eq!(g.tokens.len(), 8);
+            assert!(!g.stopped);
+            let mut context = prompt.clone();
+            for (&tok, &lp) in g.tokens.iter().zip(&g.logprobs) {
+                let logits = row_logits(&model, &context);
+                let last = &logits[logits.len() - 1];
+                assert_eq!(tok, argmax(last));
+                let lse = last.iter().map(|&l| (l as f64).exp()).sum::<f64>().ln();
+                assert!((lp as f64 - (last[tok as usize] as f64 - lse)).abs() < 1e-4);
+                context.push(tok);
+            }
+        }
+    }
+
+    #[test]
+    fn sampling_is_reproducible_per_seed() {
+        let model = model(&tiny(), 22);
+        let p = params(1.0, 1.0, 12, vec![]);
+        let a = model.generate(&prompts(), &p, &mut Rng::new(7));
+        let b = model.generate(&prompts(), &p, &mut Rng::new(7));
+        let c = model.generate(&prompts(), &p, &mut Rng::new(8));
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        // The rng advanced by exactly one draw per sampled token.
+        let mut rng = Rng::new(7);
+        model.generate(&prompts(), &p, &mut rng);
+        let mut expect = Rng::new(7);
+        for _ in 0..a.iter().map(|g| g.tokens.len()).sum::<usize>() {
+            expect.uniform();
+        }
+        assert_eq!(rng, expect);
+    }
+
+    #[test]
+    fn sampled_logprobs_match_log_softmax_of_forward() {
+        let model = model(&tiny(), 23);
+        let p = params(0.8, 0.9, 10, vec![]);
+        let gens = model.generate(&prompts(), &p, &mut Rng::new(3));
+        for (prompt, g) in prompts().iter().zip(&gens) {
+            let full: Vec<u32> = prompt.iter().chain(&g.tokens).copied().collect();
+            let ids: Vec<i64> = full.iter().map(|&t| i64::from(t)).collect();
+            let logp = log_softmax(CausalLm::forward(&model, int_tensor(&[ids])), 2);
+            let (flat, [_, _, vocab]) = to_vec(logp);
+            for (k, (&tok, &lp)) in g.tokens.iter().zip(&g.logprobs).enumerate() {
+                assert!(lp <= 0.0);
+                let at = prompt.len() - 1 + k;
+                let want = flat[at * vocab + tok as usize];
+                assert!((lp - want).abs() <= 1e-4, "{lp} vs {want}");
+            }
+        }
+    }
+
+    #[test]
+    fn stop_tokens_end_rows_at_their_own_length() {
+        let model = model(&tiny(), 24);
+        // A third of the vocabulary stops a row: rows stop early, at different steps.
+        let stop: Vec<u32> = (0..100).filter(|t| t % 3 == 0).collect();
+        let p = params(1.0, 1.0, 20, stop.clone());
+        let gens = model.generate(&prompts(), &p, &mut Rng::new(4));
+        let mut lengths = Vec::new();
+        for g in &gens {
+            assert_eq!(g.tokens.len(), g.logprobs.len());
+            assert!(!g.tokens.is_empty() && g.tokens.len() <= 20);
+            let (last, body) = g.tokens.split_last().expect("non-empty");
+            assert!(body.iter().all(|t| !stop.contains(t)));
+            assert_eq!(g.stopped, stop.contains(last));
+            if !g.stopped {
+                assert_eq!(g.tokens.len(), 20);
+            }
+            lengths.push(g.tokens.len());
+        }
+        assert!(gens.iter().any(|g| g.stopped));
+        lengths.sort_unstable();
+        lengths.dedup();
+        assert!(lengths.len() > 1, "all rows stopped at the same length");
+    }
+
+    #[test]
+    fn budgets_respect_max_new_tokens_and_max_seq_len() {
+        let config = TransformerConfig {
+            max_seq_len: 10,
+            ..tiny()
+        };
+        let model = model(&config, 25);
+        let long: Vec<u32> = (0..15).map(|i| 5 + i).collect();
+        let prompts = vec![vec![1, 5, 6], long.clone(), vec![1, 5, 6, 7, 8, 9, 10, 11]];
+        let gens = model.generate(&prompts, &params(1.0, 1.0, 5, vec![]), &mut Rng::new(1));
+        // 3 + 5 <= 10; the long prompt keeps its last 9 tokens -> 1 new; 8 + 2 = 10.
+        let lens: Vec<usize> = gens.iter().map(|g| g.tokens.len()).collect();
+        assert_eq!(lens, vec![5, 1, 2]);
+        // The truncated prompt behaves as its last 9 tokens alone.
+        let greedy = params(0.0, 1.0, 5, vec![]);
+        let a = model.generate(std::slice::from_ref(&long), &greedy, &mut Rng::new(1));
+        let b = model.generate(&[long[6..].to_vec()], &greedy, &mut Rng::new(1));
+        assert_eq!(a, b);
+        // No new tokens, no prompts, an empty prompt.
+        assert!(
+            model
+                .generate(&prompts, &params(1.0, 1.0, 0, vec![]), &mut Rng::new(1))
+                .iter()
+                .all(|g| g.tokens.is_empty() && !g.stopped)
+        );
+        assert!(model.generate(&[], &greedy, &mut Rng::new(1)).is_empty());
+        let mixed = model.generate(&[vec![], vec![1, 5]], &greedy, &mut Rng::new(1));
+        assert!(mixed[0].tokens.is_empty());
+        assert_eq!(mixed[1].tokens.len(), 5);
+    }
+
+    #[test]
+    fn tiny_top_p_is_greedy() {
+        let model = model(&tiny(), 26);
+        let greedy = model.generate(&prompts(), &params(0.0, 1.0, 8, vec![]), &mut Rng::new(1));
+        let nucleus = model.generate(&prompts(), &params(1.5, 1e-6, 8, vec![]), &mut Rng::new(9));
+        assert_eq!(greedy, nucleus);
+    }
+
+    #[test]
+    fn batched_generation_equals_one_row_at_a_time() {
+        let model = model(&tiny(), 27);
+        let p = params(0.0, 1.0, 6, vec![4]);
+        let batched = model.generate(&prompts(), &p, &mut Rng::new(1));
+        for (prompt, g) in prompts().iter().zip(&batched) {
+            let alone = model.generate(std::slice::from_ref(prompt), &p, &mut Rng::new(1));
+            assert_eq!(alone[0].tokens, g.tokens);
+            assert!(max_abs_diff(&alone[0].logprobs, &g.logprobs) <= 1e-4);
+        }
+    }
+
+    #[test]
+    fn a_prefix_is_shared_from_sixteen_common_tokens() {
+        let head: Vec<u32> = (0..20).collect();
+        let with = |rest: &[u32]| -> Vec<u32> { head.iter().chain(rest).copied().collect() };
+        let len = |rows: &[Vec<u32>]| shared_prefix_len(rows);
+        // 20 common tokens, then the rows differ.
+        assert_eq!(len(&[with(&[1]), with(&[2, 3])]), 20);
+        // A row that is the prefix itself keeps its last token: 19.
+        assert_eq!(len(&[head.clone(), with(&[2, 3])]), 19);
+        // Identical rows: all but the last token.
+        assert_eq!(len(&[with(&[9]), with(&[9])]), 20);
+        // Rows that differ at token 15 share too little; one row, or none, shares nothing.
+        let mut early = with(&[1]);
+        early[15] = 99;
+        assert_eq!(len(&[with(&[1]), early]), 0);
+        assert_eq!(len(&[with(&[1])]), 0);
+        assert_eq!(len(&[]), 0);
+    }
+
+    #[test]
+    fn a_prefix_read_once_gives_every_row_its_own_generation() {
+        // 20 shared tokens (the path that reads them once), then remainders of 1, 4 and 9
+        // tokens and one prompt that is the prefix plus a single token.
+        let prefix: Vec<u32> = (0..20).map(|i| 10 + (i * 7) % 80).collect();
+        let prompts: Vec<Vec<u32>> = [vec![5], vec![6, 7, 8, 9], vec![3; 9], vec![11]]
+            .into_iter()
+            .map(|rest| prefix.iter().copied().chain(rest).collect())
+            .collect();
+        for config in [tiny(), tiny().with_qkv_bias(true)] {
+            let model = model(&config, 31);
+            let p = params(0.0, 1.0, 6, vec![4]);
+            let mut contexts = model.contexts(prompts.len());
+            let rows: Vec<usize> = (0..prompts.len()).collect();
+            let first = model.extend(&mut contexts, &rows, &prompts, &p, &mut Rng::new(1));
+            // A second turn on the kept contexts: the rows' positions and masks after the
+            // shared read are right.
+            let appended: Vec<Vec<u32>> = vec![vec![70, 71], vec![72], vec![73, 74, 75], vec![76]];
+            let second = model.extend(&mut contexts, &rows, &appended, &p, &mut Rng::new(1));
+            for r in rows {
+                let alone = model.generate(std::slice::from_ref(&prompts[r]), &p, &mut Rng::new(1));
+                assert_eq!(alone[0].tokens, first[r].tokens, "row {r}");
+                assert!(max_abs_diff(&alone[0].logprobs, &first[r].logprobs) <= 1e-4);
+                let whole: Vec<u32> = prompts[r]
+                    .iter()
+                    .chain(&first[r].tokens)
+                    .chain(&appended[r])
+                    .copied()
+                    .collect();
+                let alone = model.generate(std::slice::from_ref(&whole), &p, &mut Rng::new(1));
+                assert_eq!(alone[0].tokens, second[r].tokens, "row {r}, second turn");
+                assert!(max_abs_diff(&alone[0].logprobs, &second[r].logprobs) <= 1e-4);
+            }
+        }
+    }
+
+    #[test]
+    fn turns_on_kept_contexts_equal_generation_from_the_whole_context() {
+        for (config, temperature) in [(tiny(), 0.0), (tiny().with_qkv_bias(true), 1.0)] {
+            let model = model(&config, 28);
+            // Rows stop at different steps; row 2 leaves after the first turn.
+            let p = params(temperature, 1.0, 6, vec![4, 9]);
+            let appends: [Vec<Vec<u32>>; 3] = [
+                prompts(),
+                vec![vec![30, 31, 32], vec![33], vec![], vec![34, 35, 36, 37, 38]],
+                vec![vec![40], vec![41, 42, 43, 44, 45, 46, 47], vec![], vec![48]],
+            ];
+            let turn_rows: [Vec<usize>; 3] = [vec![0, 1, 2, 3], vec![0, 1, 3], vec![3, 0, 1]];
+            let mut contexts = model.contexts(4);
+            let mut whole: Vec<Vec<u32>> = vec![Vec::new(); 4];
+            let mut rng = Rng::new(5);
+            for (turn, rows) in turn_rows.iter().enumerate() {
+                let appended: Vec<Vec<u32>> =
+                    rows.iter().map(|&r| appends[turn][r].clone()).collect();
+                // The reference: each row alone, from its whole context, with the draws it
+                // takes in the batched call (rows draw in call order, one per sampled token).
+                let before = rng.clone();
+                let gens = model.extend(&mut contexts, rows, &appended, &p, &mut rng);
+                assert!(contexts.cached_len() > 0);
+                let mut replay = before;
+                let mut draws: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
+                let longest = gens.iter().map(|g| g.tokens.len()).max().unwrap_or(0);
+                for step in 0..longest {
+                    for (k, g) in gens.iter().enumerate() {
+                        if step < g.tokens.len() && temperature > 0.0 {
+                            draws[k].push(replay.uniform());
+                        }
+                    }
+                }
+                assert_eq!(replay, rng, "one draw per sampled token");
+                for (k, (&r, g)) in rows.iter().zip(&gens).enumerate() {
+                    whole[r].extend(&appended[k]);
+                    let alone = if temperature > 0.0 {
+                        // Replays row k's own uniforms through a stream that yields them.
+                        let mut fake = FixedUniforms(draws[k].clone());
+                        fake.generate(&model, &whole[r], &p)
+                    } else {
+                        model
+                            .generate(std::slice::from_ref(&whole[r]), &p, &mut Rng::new(0))
+                            .remove(0)
+                    };
+                    assert_eq!(alone.tokens, g.tokens, "turn {turn} row {r}");
+                    assert_eq!(alone.stopped, g.stopped);
+                    assert!(max_abs_diff(&alone.logprobs, &g.logprobs) <= 1e-4);
+                    whole[r].extend(&g.tokens);
+                }
+            }
+            assert!(
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    model.extend(&mut contexts, &[2], &[vec![5]], &p, &mut Rng::new(1))
+                }))
+                .is_err(),
+                "a dropped row cannot come back"
+            );
+        }
+    }
+
+    /// Sampling one row with given uniforms: token by token through full forwards, by the
+    /// same inverse-CDF rule as the sampler.
+    struct FixedUniforms(Vec<f64>);
+    impl FixedUniforms {
+        fn generate(
+            &mut self,
+            model: &Transformer<B>,
+            context: &[u32],
+            p: &SampleParams,
+        ) -> Generation {
+            let mut ctx = context.to_vec();
+            let mut g = Generation {
+                tokens: Vec::new(),
+                logprobs: Vec::new(),
+                stopped: false,
+            };
+            for u in self.0.drain(..) {
+                let logits = row_logits(model, &ctx);
+                let last = &logits[logits.len() - 1];
+                let max = last.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+                let probs: Vec<f64> = last
+                    .iter()
+                    .map(|&l| ((l as f64 - max) / p.temperature).exp())
+                    .collect();
+                let total: f64 = probs.iter().sum();
+                let (mut acc, mut id) = (0.0, probs.len() - 1);
+                for (i, q) in probs.iter().enumerate() {
+                    acc += q;
+                    if acc > u * total {
+                        id = i;
+                        break;
+                    }
+                }
+                let lse = last
+                    .iter()
+                    .map(|&l| (l as f64 - max).exp())
+                    .sum::<f64>()
+                    .ln()
+                    + max;
+                g.tokens.push(id as u32);
+                g.logprobs.push((last[id] as f64 - lse) as f32);
+                ctx.push(id as u32);
+                if p.stop_tokens.contains(&(id as u32)) {
+                    g.stopped = true;
+                }
+            }
+            g
+        }
+    }
+
+    #[test]
+    fn sliced_tied_head_is_bit_identical() {
+        // d_model 600 > 2 x the 256-long blocks of the CPU product, so the partial last block
+        // along d_model is exercised; slices of 7 and 64 rows, with a short last slice.
+        let config = TransformerConfig::new(1000, 600, 1, 4, 2, 16, 8).with_tie_embeddings(true);
+        let model = model(&config, 30);
+        let mut rng = Rng::new(31);
+        for (batch, seq) in [(1, 1), (3, 1), (2, 7)] {
+            let values: Vec<f32> = (0..batch * seq * 600)
+                .map(|_| (3.0 * rng.normal()) as f32)
+                .collect();
+            let hidden = Tensor::<B, 3>::from_data(
+                TensorData::new(values, [batch, seq, 600]),
+                &Default::default(),
+            );
+            let want = to_vec(model.logits(hidden.clone())).0;
+            for rows in [7, 64, 1000] {
+                let got = to_vec(model.sliced_logits(hidden.clone(), rows)).0;
+                let same = want
+                    .iter()
+                    .zip(&got)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "batch {batch}, seq {seq}, {rows} rows per slice");
+            }
+            assert_eq!(to_vec(model.decode_logits(hidden)).0, want);
+        }
     }
 }

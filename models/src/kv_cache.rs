@@ -130,3 +130,123 @@ impl<B: Backend> KvCache<B> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use burn::prelude::*;
+
+    use crate::test_support::{B, int_tensor, max_abs_diff, model, row_logits, tiny, to_vec};
+
+    /// Decoding with the cache (a prefill, then one token per step) gives the logits of one
+    /// uncached pass over the left-padded rows and of each row alone, unpadded.
+    #[test]
+    fn cached_decoding_matches_uncached_and_unpadded_rows() {
+        for config in [tiny(), tiny().with_qkv_bias(true).with_tie_embeddings(true)] {
+            let model = model(&config, 7);
+            let device = Default::default();
+            let prompts: Vec<Vec<u32>> = vec![
+                vec![1, 40, 41, 42, 43, 44],
+                vec![1, 50],
+                vec![1, 60, 61, 62],
+            ];
+            // Continuations fed one at a time after the prompt.
+            let cont: Vec<Vec<u32>> =
+                vec![vec![5, 6, 7, 8], vec![9, 10, 11, 12], vec![13, 14, 15, 16]];
+            let batch = prompts.len();
+            let plen = prompts.iter().map(Vec::len).max().unwrap_or(0);
+            let steps = cont[0].len();
+            let total = plen + steps;
+            let pads: Vec<usize> = prompts.iter().map(|p| plen - p.len()).collect();
+            let full: Vec<Vec<i64>> = (0..batch)
+                .map(|r| {
+                    let mut row = vec![0i64; pads[r]];
+                    row.extend(prompts[r].iter().chain(&cont[r]).map(|&t| i64::from(t)));
+                    row
+                })
+                .collect();
+            let pos: Vec<Vec<i64>> = (0..batch)
+                .map(|r| {
+                    (0..total)
+                        .map(|i| i.saturating_sub(pads[r]) as i64)
+                        .collect()
+                })
+                .collect();
+            let mask_rows: Vec<bool> = (0..batch)
+                .flat_map(|r| (0..total).map(|i| i < pads[r]).collect::<Vec<_>>())
+                .collect();
+            let mask = Tensor::<B, 2, Bool>::from_data(
+                TensorData::new(mask_rows, [batch, total]),
+                &device,
+            );
+            let vocab = config.vocab_size;
+
+            // Uncached: one pass over the whole padded sequence.
+            let hidden = model.forward_with(
+                int_tensor(&full),
+                int_tensor(&pos),
+                Some(mask.clone()),
+                None,
+            );
+            let (uncached, _) = to_vec(model.logits(hidden));
+            let uncached_at = |r: usize, i: usize| {
+                uncached[(r * total + i) * vocab..(r * total + i + 1) * vocab].to_vec()
+            };
+
+            // Cached: prefill the prompts, then one token per step.
+            let mut cache = model.new_cache();
+            let take = |rows: &Vec<Vec<i64>>, from: usize, len: usize| -> Vec<Vec<i64>> {
+                rows.iter().map(|r| r[from..from + len].to_vec()).collect()
+            };
+            let hidden = model.forward_with(
+                int_tensor(&take(&full, 0, plen)),
+                int_tensor(&take(&pos, 0, plen)),
+                Some(mask.clone().narrow(1, 0, plen)),
+                Some(&mut cache),
+            );
+            assert_eq!(cache.len(), plen);
+            let (prefill, _) = to_vec(model.logits(hidden));
+            let mut cached: Vec<Vec<Vec<f32>>> = (0..batch)
+                .map(|r| {
+                    (0..plen)
+                        .map(|i| {
+                            prefill[(r * plen + i) * vocab..(r * plen + i + 1) * vocab].to_vec()
+                        })
+                        .collect()
+                })
+                .collect();
+            for s in 0..steps {
+                let at = plen + s;
+                let hidden = model.forward_with(
+                    int_tensor(&take(&full, at, 1)),
+                    int_tensor(&take(&pos, at, 1)),
+                    Some(mask.clone().narrow(1, 0, at + 1)),
+                    Some(&mut cache),
+                );
+                let (step, _) = to_vec(model.logits(hidden));
+                for (r, rows) in cached.iter_mut().enumerate() {
+                    rows.push(step[r * vocab..(r + 1) * vocab].to_vec());
+                }
+            }
+            assert_eq!(cache.len(), total);
+
+            for r in 0..batch {
+                // Unpadded single-row forward of prompt + continuation.
+                let row: Vec<u32> = prompts[r].iter().chain(&cont[r]).copied().collect();
+                let alone = row_logits(&model, &row);
+                for i in pads[r]..total {
+                    let c = &cached[r][i];
+                    let u = uncached_at(r, i);
+                    let a = &alone[i - pads[r]];
+                    assert!(
+                        max_abs_diff(c, &u) <= 1e-4,
+                        "cached vs uncached row {r} pos {i}"
+                    );
+                    assert!(
+                        max_abs_diff(c, a) <= 1e-4,
+                        "cached vs alone row {r} pos {i}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -11,16 +11,20 @@
 //! (arXiv 1904.09751).
 
 mod bpe;
+mod checkpoint;
 mod decode;
 mod error;
 pub mod gguf;
 pub mod gguf_export;
 mod hf;
+mod init;
 mod kv_cache;
 pub mod lora;
 pub mod packed;
 pub mod peft;
 mod pretrained;
+#[cfg(test)]
+mod test_support;
 mod tokenizer;
 mod transformer;
 mod weights;

@@ -6,16 +6,21 @@
 //! Kaiming-uniform with `a = √5` on an `r × d_in` weight) and `B` starts at zero, so the
 //! adapted model computes exactly what the base does until the first update.
 //!
-//! [`Transformer::with_lora`](crate::Transformer::with_lora) freezes the base and attaches
-//! the adapters; only the adapters then receive gradients, so an optimiser keeps state for
+//! [`Transformer::with_lora`] freezes the base and attaches the adapters (it and
+//! [`Transformer`]'s other adapter methods — inspect, drop, merge, count — are at the end of
+//! this file); only the adapters then receive gradients, so an optimiser keeps state for
 //! them alone. The frozen weights are shared, not copied, by every clone of the model
 //! (Burn's tensors are reference-counted): a KL reference taken before the first update,
 //! or a judge built from the same base, costs the adapters' memory only.
 
 use burn::module::Param;
+use burn::nn::Linear;
 use burn::prelude::*;
 use rlany_framework::Rng;
 use rlany_framework::experiment::LoraSpec;
+use rlany_kernels::AttentionOps;
+
+use crate::transformer::Transformer;
 
 /// One adapter pair on a projection `[d_in] → [d_out]`.
 #[derive(Module, Debug)]
@@ -125,6 +130,113 @@ impl<B: Backend> BlockLora<B> {
             ("mlp.up_proj", &mut self.up_proj),
             ("mlp.down_proj", &mut self.down_proj),
         ]
+    }
+}
+
+/// The adapters' side of [`Transformer`]: attach, inspect, drop, fold in.
+impl<B: AttentionOps> Transformer<B> {
+    /// The model with low-rank adapters ([`crate::lora`]) on the projections `spec` targets,
+    /// in every block: every existing weight is frozen (no gradient, so no optimiser state),
+    /// each adapter's `A` is drawn from `rng` and its `B` is zero, so the result computes
+    /// exactly what `self` does until it is trained. Adapters already present are replaced.
+    pub fn with_lora(self, spec: &LoraSpec, rng: &mut Rng) -> Self {
+        let device = self.device();
+        let mut model = self.without_lora().no_grad();
+        let c = &model.config;
+        let (d, ffn, hd) = (c.d_model, c.ffn_hidden, c.head_dim());
+        let (q, kv) = (c.n_heads * hd, c.n_kv_heads * hd);
+        for block in &mut model.blocks {
+            let mut make = |name: &str, d_in: usize, d_out: usize| {
+                spec.targets(name)
+                    .then(|| LoraAdapter::init(d_in, d_out, spec, rng, &device))
+            };
+            block.lora = Some(BlockLora {
+                q_proj: make("q_proj", d, q),
+                k_proj: make("k_proj", d, kv),
+                v_proj: make("v_proj", d, kv),
+                o_proj: make("o_proj", q, d),
+                gate_proj: make("gate_proj", d, ffn),
+                up_proj: make("up_proj", d, ffn),
+                down_proj: make("down_proj", ffn, d),
+            });
+        }
+        model
+    }
+
+    /// Each block's adapters (`None` for a block without), in layer order.
+    pub(crate) fn lora_blocks(&self) -> impl Iterator<Item = Option<&BlockLora<B>>> {
+        self.blocks.iter().map(|b| b.lora.as_ref())
+    }
+
+    /// [`Transformer::lora_blocks`], to change.
+    pub(crate) fn lora_blocks_mut(&mut self) -> impl Iterator<Item = &mut Option<BlockLora<B>>> {
+        self.blocks.iter_mut().map(|b| &mut b.lora)
+    }
+
+    /// Whether any block has adapters.
+    pub fn has_lora(&self) -> bool {
+        self.blocks.iter().any(|b| b.lora.is_some())
+    }
+
+    /// The base model: the adapters dropped, the (shared, frozen) weights kept.
+    pub fn without_lora(mut self) -> Self {
+        for block in &mut self.blocks {
+            block.lora = None;
+        }
+        self
+    }
+
+    /// Every adapter folded into its projection (`W + s·A·B`), the adapters dropped: a plain
+    /// model computing what the adapted one does (to float rounding), e.g. to save in
+    /// Hugging Face's format. A model without adapters is returned unchanged.
+    pub fn merge_lora(mut self) -> Self {
+        if self.has_lora() {
+            // The merged projections are no longer the packed blocks' weights.
+            self.packed = None;
+        }
+        for block in &mut self.blocks {
+            let Some(lora) = block.lora.take() else {
+                continue;
+            };
+            let a = &mut block.attention;
+            let m = &mut block.mlp;
+            let targets: [(&mut Linear<B>, Option<LoraAdapter<B>>); 7] = [
+                (&mut a.query, lora.q_proj),
+                (&mut a.key, lora.k_proj),
+                (&mut a.value, lora.v_proj),
+                (&mut a.output, lora.o_proj),
+                (&mut m.gate, lora.gate_proj),
+                (&mut m.up, lora.up_proj),
+                (&mut m.down, lora.down_proj),
+            ];
+            for (linear, adapter) in targets {
+                if let Some(adapter) = adapter {
+                    let delta = adapter.delta();
+                    let weight = linear.weight.val();
+                    let merged = weight.clone() + delta.cast(weight.dtype());
+                    linear.weight = Param::initialized(
+                        linear.weight.id,
+                        merged.set_require_grad(weight.is_require_grad()),
+                    );
+                }
+            }
+        }
+        self
+    }
+
+    /// The adapters of block `i`, if it has any.
+    #[cfg(test)]
+    pub(crate) fn blocks_lora(&self, i: usize) -> Option<&BlockLora<B>> {
+        self.blocks.get(i).and_then(|b| b.lora.as_ref())
+    }
+
+    /// Parameters of the adapters (0 without).
+    pub fn lora_params(&self) -> usize {
+        self.blocks
+            .iter()
+            .filter_map(|b| b.lora.as_ref())
+            .map(|l| l.num_params())
+            .sum()
     }
 }
 

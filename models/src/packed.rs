@@ -3,7 +3,7 @@
 //!
 //! A GGUF file stores SmolLM2's projections as `Q4_1` and its tied embedding as `Q8_0`;
 //! [`crate::gguf::GgufFile::packed`] reads them into [`PackedWeights`] and
-//! [`crate::Transformer::with_packed`] attaches them. Then every product of a projection (or
+//! [`Transformer::with_packed`] (at the end of this file) attaches them. Then every product of a projection (or
 //! of the LM head) with at most [`PACKED_MAX_ROWS`] rows — a decode step of one to four
 //! streams — multiplies by the blocks ([`rlany_kernels::packed`]), reading ≈ 96 MB per token
 //! instead of 538 MB of f32; larger products, training and `Autodiff` use the dense
@@ -18,7 +18,10 @@
 use std::sync::Arc;
 
 pub use rlany_kernels::PACKED_MAX_ROWS;
-use rlany_kernels::PackedMatrix;
+use rlany_kernels::{AttentionOps, PackedMatrix};
+
+use crate::error::ModelError;
+use crate::transformer::Transformer;
 
 /// The projections of one block, in [`PROJECTIONS`] order.
 pub(crate) type LayerPacked = [Option<Arc<PackedMatrix>>; 7];
@@ -99,6 +102,68 @@ impl PackedWeights {
             .chain(&self.head)
             .map(|m| m.bytes())
             .sum()
+    }
+}
+
+/// The packed side of [`Transformer`]: attach the blocks, ask whether they are there.
+impl<B: AttentionOps> Transformer<B> {
+    /// The model with `packed` copies of its projections and LM head ([`crate::packed`]):
+    /// products of at most [`crate::packed::PACKED_MAX_ROWS`] rows then read the blocks
+    /// (on a CPU backend, outside autodiff). Each matrix must have its projection's shape
+    /// (`[d_out, d_in]`) and the layer count this model's; the values are the caller's
+    /// promise — the blocks of the file these weights were loaded from (see
+    /// [`crate::gguf::GgufFile::packed`]).
+    pub fn with_packed(mut self, packed: PackedWeights) -> Result<Self, ModelError> {
+        let c = &self.config;
+        let (d, ffn, hd) = (c.d_model, c.ffn_hidden, c.head_dim());
+        let (q, kv) = (c.n_heads * hd, c.n_kv_heads * hd);
+        // [d_out, d_in] of each projection, in `PROJECTIONS` order.
+        let shapes = [
+            (q, d),
+            (kv, d),
+            (kv, d),
+            (d, q),
+            (ffn, d),
+            (ffn, d),
+            (d, ffn),
+        ];
+        if packed.layers.len() != self.blocks.len() {
+            return Err(ModelError::InvalidConfig(format!(
+                "packed weights for {} layers, the model has {}",
+                packed.layers.len(),
+                self.blocks.len()
+            )));
+        }
+        for (i, layer) in packed.layers.iter().enumerate() {
+            for ((m, &(rows, cols)), name) in layer.iter().zip(&shapes).zip(PROJECTIONS) {
+                if let Some(m) = m
+                    && (m.rows(), m.cols()) != (rows, cols)
+                {
+                    return Err(ModelError::InvalidConfig(format!(
+                        "packed layer {i} {name} is {} × {}, the model's is {rows} × {cols}",
+                        m.rows(),
+                        m.cols()
+                    )));
+                }
+            }
+        }
+        if let Some(h) = &packed.head
+            && (h.rows(), h.cols()) != (c.vocab_size, d)
+        {
+            return Err(ModelError::InvalidConfig(format!(
+                "the packed LM head is {} × {}, the model's is {} × {d}",
+                h.rows(),
+                h.cols(),
+                c.vocab_size
+            )));
+        }
+        self.packed = (!packed.is_empty()).then(|| Arc::new(packed));
+        Ok(self)
+    }
+
+    /// Whether the model carries packed blocks ([`Transformer::with_packed`]).
+    pub fn has_packed(&self) -> bool {
+        self.packed.is_some()
     }
 }
 
