@@ -11,8 +11,8 @@
 
 use crate::judge::{JudgeQuality, LabelledStep, for_each_logits, verdict_token};
 use crate::lm::{CausalLm, Tokenizer};
+use crate::optimise::StepError;
 use crate::placement::PlacementError;
-use crate::ppo::UpdateError;
 use crate::rng::Rng;
 use crate::shard::Spread;
 use crate::warmstart::{SftOptions, supervised};
@@ -252,7 +252,7 @@ pub fn fit<B, M>(
     rng: &mut Rng,
     device: &B::Device,
     probe: &mut Probe<'_, M::InnerModule>,
-) -> Result<Fit<M>, UpdateError>
+) -> Result<Fit<M>, StepError>
 where
     B: AutodiffLogProbOps,
     M: CausalLm<B> + AutodiffModule<B>,
@@ -279,7 +279,7 @@ where
     let spread = spec.sft.spread.clone();
     let mut points = Vec::new();
     let mut best: Option<(usize, f64, M)> = None;
-    let mut measure = |step: usize, loss: f64, model: &M| -> Result<(), UpdateError> {
+    let mut measure = |step: usize, loss: f64, model: &M| -> Result<(), StepError> {
         let inner = model.valid();
         let val_bal_acc = if val.is_empty() {
             None
@@ -475,6 +475,7 @@ mod tests {
                 progress: false,
                 kernels: rlany_kernels::KernelChoice::Reference,
                 spread: Spread::default(),
+                micro_batch: 0,
             },
             batch: 2,
             balanced: true,

@@ -19,6 +19,7 @@ pub mod host_group;
 pub mod judge;
 pub mod judge_fit;
 pub mod lm;
+pub mod optimise;
 pub mod placement;
 pub mod plugin;
 pub mod ppo;

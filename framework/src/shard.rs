@@ -1,7 +1,8 @@
 //! Data-parallel shards: one optimiser step's batch split into row groups, each run forward
 //! and backward as a task of the CPU pool ([`map`]) with its own copy of the parameter
-//! leaves, the gradients summed in shard order (framework/METHOD.md, "Shards"; rollouts are
-//! sharded in [`crate::rollout::rollout_sharded`]).
+//! leaves, the gradients summed in shard order (framework/METHOD.md, "Shards"; the step
+//! itself is [`crate::optimise::step`]; rollouts are sharded in
+//! [`crate::rollout::rollout_sharded`]).
 //!
 //! A loss that is a sum over rows (every loss here is: the warm starts' token sum over a
 //! count of the whole batch, PPO's weighted sum) has the gradient of the whole batch as the

@@ -8,8 +8,7 @@ use crate::batch::{at_positions, scored_logprobs, scored_positions, token_batch}
 use crate::env::Environment;
 use crate::experiment::WarmStart;
 use crate::lm::{CausalLm, Tokenizer};
-use crate::ppo::clip as optim;
-use crate::ppo::{NonFinite, UpdateError};
+use crate::optimise::{StepError, StepSpec};
 use crate::progress;
 use crate::rng::Rng;
 use crate::rollout::replay_demonstration;
@@ -74,6 +73,9 @@ pub struct SftOptions {
     pub kernels: KernelChoice,
     /// Where each batch runs: in `shards` row groups, a thread each, over the peers.
     pub spread: Spread,
+    /// Most rows in one forward and backward pass (0: no limit); a batch with more is cut
+    /// into more row groups than shards, accumulated `shards` at a time.
+    pub micro_batch: usize,
 }
 
 /// Runs `spec.steps` AdamW steps of supervised fine-tuning on fresh demonstrations and returns
@@ -88,7 +90,7 @@ pub fn warm_start<B, M>(
     opts: &SftOptions,
     rng: &mut Rng,
     device: &B::Device,
-) -> Result<(M, f64), UpdateError>
+) -> Result<(M, f64), StepError>
 where
     B: AutodiffLogProbOps,
     M: CausalLm<B> + AutodiffModule<B>,
@@ -121,16 +123,17 @@ fn demo_difficulty(dims: usize, range: (f64, f64), rng: &mut Rng) -> Vec<f64> {
 
 /// Supervised fine-tuning: `steps` AdamW steps (learning rate decaying linearly to 10%) of
 /// mean cross-entropy over the target tokens of the batches `next_batch(step)` returns —
-/// `(tokens, is_target)` pairs; `after_step(steps done, model, loss)` is called after every
-/// step (a fit measures its model there). Returns the model and the last loss.
+/// `(tokens, is_target)` pairs, each step one [`crate::optimise::step`];
+/// `after_step(steps done, model, loss)` is called after every step (a fit measures its model
+/// there). Returns the model and the last loss.
 pub fn supervised<B, M>(
     mut model: M,
     tok: &dyn Tokenizer,
     opts: &SftOptions,
     device: &B::Device,
     mut next_batch: impl FnMut(usize) -> Vec<(Vec<u32>, Vec<bool>)>,
-    mut after_step: impl FnMut(usize, &M, f64) -> Result<(), UpdateError>,
-) -> Result<(M, f64), UpdateError>
+    mut after_step: impl FnMut(usize, &M, f64) -> Result<(), StepError>,
+) -> Result<(M, f64), StepError>
 where
     B: AutodiffLogProbOps,
     M: CausalLm<B> + AutodiffModule<B>,
@@ -143,6 +146,7 @@ where
         progress: show_progress,
         kernels,
         ref spread,
+        micro_batch,
     } = *opts;
     let pad = tok.pad();
     let mut optim = AdamWConfig::new().with_weight_decay(0.0).init::<B, M>();
@@ -150,10 +154,10 @@ where
     let mut last = f64::NAN;
     for step in 0..steps {
         let mut examples = next_batch(step);
-        // In token order, so each shard's rows share the longest prefix (computed once by the
-        // model); the loss is a sum over rows, so the grouping changes nothing else.
+        // In token order, so each row group's rows share the longest prefix (computed once by
+        // the model); the loss is a sum over rows, so the grouping changes nothing else.
         examples.sort();
-        // Every target token of the batch weighs 1/n, whichever shard holds it.
+        // Every target token of the batch weighs 1/n, whichever row group holds it.
         let n = examples
             .iter()
             .map(|(ids, target)| {
@@ -164,21 +168,22 @@ where
             })
             .sum::<usize>()
             .max(1) as f32;
-        let lr_now = lr * (1.0 - 0.9 * step as f64 / steps.max(1) as f64);
-        // One group per shard; one shard runs on `model` itself, on this thread.
-        let inputs: Vec<_> = crate::shard::ranges(examples.len(), spread.shards)
-            .into_iter()
-            .map(|r| &examples[r])
-            .collect();
-        let (grads, values) =
-            crate::shard::grads_placed(&spread.placement, &model, inputs, |m: &M, rows| {
-                sft_loss(m, rows, n, pad, kernels, device)
-            })?;
-        last = values.iter().sum();
-        if !last.is_finite() {
-            return Err(NonFinite("supervised loss").into());
-        }
-        (model, _) = optim::apply(model, &mut optim, grads, lr_now, max_grad_norm);
+        let spec = StepSpec {
+            spread,
+            micro_batch,
+            lr: lr * (1.0 - 0.9 * step as f64 / steps.max(1) as f64),
+            max_grad_norm,
+        };
+        let stepped = crate::optimise::step(
+            model,
+            &mut optim,
+            &spec,
+            &examples,
+            |rows| rows,
+            |m: &M, rows| sft_loss(m, rows, n, pad, kernels, device),
+        )?;
+        model = stepped.model;
+        last = stepped.parts.iter().sum();
         pb.set_message(format!("loss {last:.3}"));
         pb.inc(1);
         after_step(step + 1, &model, last)?;
@@ -188,7 +193,7 @@ where
 }
 
 /// Minus the summed log-probs of `rows`' target tokens over `n` (the whole batch's target
-/// count, so that shards' losses add up to the batch's), and its value.
+/// count, so that the row groups' losses add up to the batch's), and its value.
 fn sft_loss<B, M>(
     model: &M,
     rows: &[(Vec<u32>, Vec<bool>)],
@@ -243,5 +248,63 @@ mod tests {
         assert!(draws.iter().any(|&x| x < 0.175) && draws.iter().any(|&x| x > 0.175));
         // A point range is that point.
         assert_eq!(demo_difficulty(2, (0.5, 0.5), &mut rng), vec![0.5, 0.5]);
+    }
+
+    /// Micro-batches of one or two rows (on one thread and on two) take the steps one batch
+    /// does: the same weights and losses, within float rounding.
+    #[test]
+    fn micro_batches_step_as_one_batch_does() {
+        use crate::testing::{BOS, Bigram, L, Letters, NL, R, V, digit_line};
+        use burn::backend::{Autodiff, NdArray};
+        type B = Autodiff<NdArray<f32>>;
+        let dev = Default::default();
+        let examples: Vec<(Vec<u32>, Vec<bool>)> = (0..5u8)
+            .map(|d| {
+                let answer = if d % 2 == 0 { L } else { R };
+                let ids = vec![BOS, digit_line(d), answer, NL];
+                (ids, vec![false, false, true, d < 3])
+            })
+            .collect();
+        let run = |shards, micro_batch| {
+            let opts = SftOptions {
+                steps: 3,
+                lr: 0.1,
+                max_grad_norm: 1.0,
+                label: "test",
+                progress: false,
+                kernels: KernelChoice::Reference,
+                spread: Spread {
+                    shards,
+                    ..Spread::default()
+                },
+                micro_batch,
+            };
+            let mut losses = Vec::new();
+            let (model, _) = supervised(
+                Bigram::<B>::preferring(&[], 0.0, &dev),
+                &Letters,
+                &opts,
+                &dev,
+                |_| examples.clone(),
+                |_, _, loss| {
+                    losses.push(loss);
+                    Ok(())
+                },
+            )
+            .expect("finite");
+            let weights: Vec<f32> = (0..V as u32).flat_map(|a| model.row(a)).collect();
+            (weights, losses)
+        };
+        let (w, l) = run(1, 0);
+        assert!(w.iter().any(|&x| x != 0.0), "the steps moved nothing");
+        for (shards, micro_batch) in [(1, 1), (2, 1), (1, 2)] {
+            let (w2, l2) = run(shards, micro_batch);
+            let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| (a - b).abs() < 1e-6);
+            assert!(close(&w, &w2), "shards {shards}, micro_batch {micro_batch}");
+            assert!(
+                l.iter().zip(&l2).all(|(a, b)| (a - b).abs() < 1e-6),
+                "{l:?} vs {l2:?}"
+            );
+        }
     }
 }

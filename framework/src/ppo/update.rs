@@ -1,6 +1,6 @@
 //! One PPO update phase (framework/METHOD.md, step 6), shared by the policy and the judge: the
 //! samples are shuffled, split into minibatches, and each minibatch takes one AdamW step on
-//! the PPO-clip + KL loss.
+//! the PPO-clip + KL loss ([`crate::optimise::step`], which spreads it over row groups).
 //!
 //! A sample is a token sequence with *units* — the spans that are trained, each with one
 //! advantage: a policy step (its tokens) or a judge verdict (one token). Every unit weighs
@@ -12,7 +12,7 @@ use crate::batch::{
 };
 use crate::experiment::KlEstimator;
 use crate::lm::CausalLm;
-use crate::placement::PlacementError;
+use crate::optimise::{GroupResult, StepError, StepSpec};
 use crate::ppo::loss::{KlTerm, ppo_loss};
 use crate::progress;
 use crate::rng::Rng;
@@ -61,11 +61,11 @@ pub struct UpdateParams {
     pub pad: u32,
     /// Fused kernels or the reference composition for the token log-probs.
     pub kernels: rlany_kernels::KernelChoice,
-    /// Where each minibatch runs: in `shards` row groups, a thread each (see
-    /// [`crate::shard`]), over the peers.
+    /// Where each minibatch's optimiser step runs (passed to [`crate::optimise::step`]): in
+    /// `shards` row groups, a thread each, over the peers.
     pub spread: Spread,
-    /// Most rows in one forward and backward pass (0: no limit); a minibatch with more is
-    /// split into row groups accumulated `shards` at a time.
+    /// Most rows in one forward and backward pass (0: no limit; passed to
+    /// [`crate::optimise::step`]).
     pub micro_batch: usize,
     /// The progress bar's label.
     pub label: &'static str,
@@ -92,31 +92,6 @@ pub struct UpdateStats {
     pub tokens: usize,
 }
 
-/// A quantity went NaN/Inf: which one.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NonFinite(pub &'static str);
-
-/// Why an update phase (PPO or supervised) stopped.
-#[derive(Debug)]
-pub enum UpdateError {
-    /// A quantity went NaN/Inf.
-    NonFinite(NonFinite),
-    /// Exchanging the shards' results between peers failed.
-    Placement(PlacementError),
-}
-
-impl From<NonFinite> for UpdateError {
-    fn from(e: NonFinite) -> Self {
-        Self::NonFinite(e)
-    }
-}
-
-impl From<PlacementError> for UpdateError {
-    fn from(e: PlacementError) -> Self {
-        Self::Placement(e)
-    }
-}
-
 /// Runs one update phase and returns the updated model and its statistics (`None` when no
 /// sample carries a unit). `model` as it is passed in produced the samples: it is the "old"
 /// policy, whose log-probs are the ratio's denominator. `reference` is what the KL is
@@ -135,7 +110,7 @@ pub fn ppo_update<B, M, O>(
     params: &UpdateParams,
     rng: &mut Rng,
     device: &B::Device,
-) -> Result<(M, Option<UpdateStats>), UpdateError>
+) -> Result<(M, Option<UpdateStats>), StepError>
 where
     B: AutodiffLogProbOps,
     M: CausalLm<B> + AutodiffModule<B>,
@@ -155,6 +130,12 @@ where
     let mut entropy = (0.0, 0.0);
     // The old policy for the minibatches after the first optimiser step.
     let snapshot = (n_mb > 1).then(|| model.valid());
+    let spec = StepSpec {
+        spread: &params.spread,
+        micro_batch: params.micro_batch,
+        lr: params.lr,
+        max_grad_norm: params.max_grad_norm,
+    };
     let mut pb = progress::bar(
         order.chunks(mb_size).len() as u64,
         params.label,
@@ -166,26 +147,16 @@ where
         // samples together), which the model computes once; the loss is a sum over rows, so
         // the grouping changes nothing else.
         rows.sort_by(|a, b| a.tokens.cmp(&b.tokens));
-        // Every unit of the minibatch weighs the same, whichever shard holds it.
+        // Every unit of the minibatch weighs the same, whichever row group holds it.
         let n_units = rows.iter().map(|s| s.units.len()).sum::<usize>();
         let first = k == 0;
-        // One group per shard, or more when `micro_batch` caps a group's rows; a single
-        // group runs on `model` itself, on this thread.
-        let groups = match params.micro_batch {
-            0 => params.spread.shards,
-            m => params.spread.shards.max(rows.len().div_ceil(m)),
-        };
         let old = if first { None } else { snapshot.as_ref() };
-        let inputs: Vec<_> = crate::shard::ranges(rows.len(), groups)
-            .into_iter()
-            .map(|r| (&rows[r], old.cloned(), reference.cloned()))
-            .collect();
-        let threads = params.spread.shards;
-        let (grads, parts) = crate::shard::grads_in_waves(
-            &params.spread.placement,
-            &model,
-            inputs,
-            threads,
+        let step = crate::optimise::step(
+            model,
+            optim,
+            &spec,
+            &rows,
+            |rows| (rows, old.cloned(), reference.cloned()),
             |m: &M, (rows, old, reference)| {
                 minibatch_loss(
                     m,
@@ -198,15 +169,8 @@ where
                 )
             },
         )?;
-        if !parts.iter().all(|p| p.loss.is_finite()) {
-            return Err(NonFinite("loss").into());
-        }
-        let norm;
-        (model, norm) =
-            crate::ppo::clip::apply(model, optim, grads, params.lr, params.max_grad_norm);
-        if !norm.is_finite() {
-            return Err(NonFinite("gradient norm").into());
-        }
+        model = step.model;
+        let (parts, norm) = (step.parts, step.grad_norm);
         let wsum: f64 = parts.iter().map(|p| p.wsum).sum();
         stats.loss += parts.iter().map(|p| p.loss).sum::<f64>();
         stats.kl += parts.iter().map(|p| p.kl).sum::<f64>();
@@ -238,7 +202,7 @@ where
     Ok((model, Some(stats)))
 }
 
-/// One minibatch's (or shard's) share of the loss, with its diagnostics.
+/// One minibatch's (or row group's) share of the loss, with its diagnostics.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Part {
     /// Its loss.
@@ -247,7 +211,7 @@ struct Part {
     kl: f64,
     /// Its weighted fraction of clipped tokens.
     clipfrac: f64,
-    /// Its `Σ w` (to weigh `clipfrac` across shards).
+    /// Its `Σ w` (to weigh `clipfrac` across row groups).
     wsum: f64,
     /// Summed entropy of the rollout model and its token count (first minibatch only).
     entropy: (f64, f64),
@@ -255,7 +219,13 @@ struct Part {
     tokens: usize,
 }
 
-/// The PPO loss of `rows` (a minibatch, or one shard of it whose units weigh `1 / n_units`
+impl GroupResult for Part {
+    fn loss(&self) -> f64 {
+        self.loss
+    }
+}
+
+/// The PPO loss of `rows` (a minibatch, or one row group of it whose units weigh `1 / n_units`
 /// each, `n_units` counted over the whole minibatch) and its diagnostics. `old` produced the
 /// samples (`None`: `model` itself, not yet stepped); `reference` is the KL's (`None`: the
 /// old policy).

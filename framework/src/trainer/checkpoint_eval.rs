@@ -73,7 +73,8 @@ where
     parts.policy = ckpt.trainable("policy", parts.policy.clone(), device)?;
     let mut run = Run::new(cfg, opts.seed, parts, device, &train_opts, dir);
     if let Some(j) = fresh_judge {
-        run.judge = Some(ckpt.trainable("judge", j, device)?);
+        let judge = ckpt.trainable("judge", j, device)?;
+        run.judge = Some(Learner::new(Role::Judge, judge, &run.cfg, opts.seed));
     }
     run.judge_pool = run.make_judge_pool();
     let step = state.step;

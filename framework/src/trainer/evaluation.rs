@@ -13,8 +13,8 @@ where
     /// only its labels; its prompts are fitted to the policy's context.
     pub(super) fn make_judge_pool(&self) -> Vec<judge::PoolStep> {
         let max_len = match (&self.judge, &self.synthetic) {
-            (Some(j), _) => Some(j.max_seq_len()),
-            (None, Some(_)) => Some(self.policy.max_seq_len()),
+            (Some(j), _) => Some(j.model.max_seq_len()),
+            (None, Some(_)) => Some(self.policy.model.max_seq_len()),
             (None, None) => None,
         };
         // The history layout of a learned judge's prompts (the synthetic judge reads labels).
@@ -43,7 +43,7 @@ where
     pub(super) fn evaluate(&self, m: &mut Metrics, step: usize) -> Result<(f64, f64), TrainError> {
         let (b, seed) = (&self.cfg.budget, self.seed);
         let mst = self.cfg.sampling.max_step_tokens;
-        let policy = self.policy.valid();
+        let policy = self.policy.model.valid();
         let levels = self.env.eval_levels();
         let grid = crate::eval::grid(&levels, self.dims.len());
         let start = [self.cfg.start.clone()];
@@ -95,7 +95,7 @@ where
         if let (Some(j), Some(spec)) = (&self.judge, self.cfg.judge.model()) {
             // A stream per evaluation step: evaluations never disturb the training streams.
             let mut rng = Rng::derive(seed ^ step as u64, "judge-eval");
-            let judge = j.valid();
+            let judge = j.model.valid();
             let voting = Voting {
                 votes: self.cfg.reward.votes,
                 temperature: spec.temperature,

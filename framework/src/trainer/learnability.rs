@@ -105,7 +105,7 @@ where
     })
     .collect();
     let held_out = judge::labelled_steps(
-        &run.policy.valid(),
+        &run.policy.model.valid(),
         run.env,
         run.tok,
         &judge::LabelSpec {

@@ -29,9 +29,10 @@ use crate::experiment::{
 use crate::judge::{self, Voting};
 use crate::judge_fit;
 use crate::lm::{CausalLm, SampleParams, Tokenizer};
+use crate::optimise::StepError;
 use crate::placement::{Placement, PlacementError, checksum};
 use crate::plugin::{AdaptationChoice, EnvironmentChoice};
-use crate::ppo::{NonFinite, UpdateError, UpdateParams, ppo_update};
+use crate::ppo::{Sample, UpdateParams, UpdateStats, ppo_update};
 use crate::progress;
 use crate::rng::Rng;
 use crate::rollout::rollout_sharded;
@@ -53,12 +54,14 @@ use std::time::Instant;
 mod checkpoint_eval;
 mod evaluation;
 mod learnability;
+mod learner;
 #[cfg(test)]
 mod tests;
 mod warm;
 
 pub use checkpoint_eval::{CheckpointEval, EvalOptions, evaluate_checkpoint};
 pub use learnability::{CellResult, LearnCell, judge_learnability};
+use learner::{Learner, Role};
 
 /// Why a run stopped early.
 #[derive(Debug, thiserror::Error)]
@@ -140,13 +143,14 @@ fn env_ok(env: &dyn crate::Environment, step: usize) -> Result<(), TrainError> {
     }
 }
 
-fn non_finite(step: usize, who: &str) -> impl FnOnce(UpdateError) -> TrainError + '_ {
+/// How an optimiser step's error stops training step `step` of `who`.
+fn non_finite(step: usize, who: &str) -> impl FnOnce(StepError) -> TrainError + '_ {
     move |e| match e {
-        UpdateError::NonFinite(NonFinite(what)) => TrainError::NonFinite {
+        StepError::NonFinite(what) => TrainError::NonFinite {
             step,
             what: format!("{who} {what}"),
         },
-        UpdateError::Placement(e) => TrainError::Placement(e),
+        StepError::Placement(e) => TrainError::Placement(e),
     }
 }
 
@@ -260,8 +264,7 @@ where
         run.outcome_and_gate(&mut batch); // phase 3
         run.judging(&mut batch)?; // phase 4
         run.rewards_and_advantages(&mut batch); // phase 5
-        run.policy_update(&mut batch)?; // phase 6
-        run.judge_update(&mut batch)?;
+        run.updates(&mut batch)?; // phase 6
         run.replicas_agree()?;
         run.proposals(&mut batch); // phase 7
         run.bookkeeping(&mut batch, t0)?; // phase 8
@@ -382,15 +385,13 @@ impl Settings {
     }
 }
 
-/// Everything besides weights and optimiser states that a checkpoint must hold.
+/// Everything besides the learners that a checkpoint must hold.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct TrainerState {
     step: usize,
     task_rng: Rng,
     rollout_rng: Rng,
     judge_rng: Rng,
-    policy_mb_rng: Rng,
-    judge_mb_rng: Rng,
     adapt_rng: Rng,
     slots: Vec<AdaptSlot>,
     counts: AdaptCounts,
@@ -422,8 +423,6 @@ impl TrainerState {
             task_rng: Rng::derive(seed, "tasks"),
             rollout_rng: Rng::derive(seed, "rollout"),
             judge_rng: Rng::derive(seed, "judge"),
-            policy_mb_rng: Rng::derive(seed, "policy-minibatches"),
-            judge_mb_rng: Rng::derive(seed, "judge-minibatches"),
             adapt_rng: Rng::derive(seed, "adaptation"),
             slots,
             counts: AdaptCounts::default(),
@@ -431,6 +430,16 @@ impl TrainerState {
             compute: Compute::default(),
         }
     }
+}
+
+/// A checkpoint's `state.json`: the loop's state and the learners' minibatch streams, under
+/// the names they have always had (so that checkpoints written before learners resume).
+#[derive(Serialize, Deserialize)]
+struct SavedState<S, R> {
+    #[serde(flatten)]
+    state: S,
+    policy_mb_rng: R,
+    judge_mb_rng: R,
 }
 
 type Optim<B, M> = OptimizerAdaptor<AdamW, M, B>;
@@ -445,14 +454,9 @@ struct Run<'a, B: AutodiffLogProbOps, M: AutodiffModule<B>> {
     device: &'a B::Device,
     opts: &'a TrainOptions,
     dir: RunDir,
-    policy: M,
-    policy_optim: Optim<B, M>,
-    judge: Option<M>,
-    judge_optim: Optim<B, M>,
-    /// The policy's frozen KL target (`KlTarget::Reference`).
-    reference: Option<M::InnerModule>,
-    /// The judge's frozen KL target (`KlTarget::Reference` with a learned judge).
-    judge_reference: Option<M::InnerModule>,
+    policy: Learner<B, M>,
+    /// The judge model, when the experiment has one (a frozen judge is never updated).
+    judge: Option<Learner<B, M>>,
     /// The calibrated synthetic judge (`judge: Oracle`), which votes instead of a model.
     synthetic: Option<SyntheticJudge>,
     /// The fixed, balanced pool of labelled steps the judge is measured on.
@@ -491,7 +495,6 @@ where
             judge: _,
             proposer,
         } = parts;
-        let adamw = AdamWConfig::new().with_weight_decay(cfg.ppo.weight_decay as f32);
         let params = SampleParams {
             temperature: cfg.sampling.temperature,
             top_p: cfg.sampling.top_p,
@@ -513,12 +516,8 @@ where
             device,
             opts,
             dir,
-            policy,
-            policy_optim: adamw.init::<B, M>(),
+            policy: Learner::new(Role::Policy, policy, &cfg, seed),
             judge: None,
-            judge_optim: adamw.init::<B, M>(),
-            reference: None,
-            judge_reference: None,
             synthetic,
             judge_pool: Vec::new(),
             state,
@@ -544,7 +543,7 @@ where
             &mut self.state.task_rng,
         );
         batch.groups = groups;
-        let old = self.policy.valid();
+        let old = self.policy.model.valid();
         let pb = progress::bar(1, "rollout", self.opts.progress);
         batch.trajs = rollout_sharded(
             &old,
@@ -592,7 +591,7 @@ where
             let rng = &mut self.state.judge_rng;
             let mut judged = match (&self.judge, self.cfg.judge.model(), &self.synthetic) {
                 (Some(j), Some(spec), _) => judge::judge_steps(
-                    &j.valid(),
+                    &j.model.valid(),
                     self.tok,
                     spec.history,
                     &kept,
@@ -626,6 +625,7 @@ where
         }
     }
 
+    /// The PPO settings both learners share (each has its own learning rate and minibatches).
     fn update_params(&self) -> UpdateParams {
         let ppo = &self.cfg.ppo;
         UpdateParams {
@@ -644,55 +644,25 @@ where
         }
     }
 
-    /// Phase 6a: the policy's PPO update against its pre-update self (or the reference).
-    fn policy_update(&mut self, batch: &mut StepBatch) -> Result<(), TrainError> {
-        let t = Instant::now();
+    /// Phase 6: the policy's PPO update against its pre-update self (or its reference), then
+    /// the judge's on the consistency samples (a frozen judge keeps its warm-start weights).
+    fn updates(&mut self, batch: &mut StepBatch) -> Result<(), TrainError> {
         let params = self.update_params();
-        let (policy, stats) = ppo_update(
-            self.policy.clone(),
-            &mut self.policy_optim,
-            self.reference.as_ref(),
-            &batch.policy_samples,
-            &params,
-            &mut self.state.policy_mb_rng,
-            self.device,
-        )
-        .map_err(non_finite(batch.step, "policy"))?;
-        self.policy = policy;
-        batch.policy_stats = stats;
-        batch.timings.policy_update_s = t.elapsed().as_secs_f64();
-        Ok(())
-    }
-
-    /// Phase 6b: the judge's PPO update on the consistency samples (a frozen judge keeps its
-    /// warm-start weights).
-    fn judge_update(&mut self, batch: &mut StepBatch) -> Result<(), TrainError> {
-        let t = Instant::now();
-        let Some(spec) = self.cfg.judge.model().filter(|_| self.cfg.judge.trained()) else {
-            return Ok(());
+        let (step, device) = (batch.step, self.device);
+        let update = |learner: &mut Learner<B, M>, samples: &[Sample]| {
+            let t = Instant::now();
+            let stats = learner
+                .update(samples, &params, device)
+                .map_err(non_finite(step, learner.role().name()))?;
+            Ok::<_, TrainError>((stats, t.elapsed().as_secs_f64()))
         };
-        let Some(judge) = self.judge.take() else {
-            return Ok(());
-        };
-        let params = UpdateParams {
-            lr: spec.lr,
-            minibatches: self.cfg.ppo.judge_updates,
-            label: "judge update",
-            ..self.update_params()
-        };
-        let (judge, stats) = ppo_update(
-            judge,
-            &mut self.judge_optim,
-            self.judge_reference.as_ref(),
-            &batch.judge_samples,
-            &params,
-            &mut self.state.judge_mb_rng,
-            self.device,
-        )
-        .map_err(non_finite(batch.step, "judge"))?;
-        self.judge = Some(judge);
-        batch.judge_stats = stats;
-        batch.timings.judge_update_s = t.elapsed().as_secs_f64();
+        (batch.policy_stats, batch.timings.policy_update_s) =
+            update(&mut self.policy, &batch.policy_samples)?;
+        let learns = self.cfg.judge.trained();
+        if let Some(judge) = self.judge.as_mut().filter(|_| learns) {
+            (batch.judge_stats, batch.timings.judge_update_s) =
+                update(judge, &batch.judge_samples)?;
+        }
         Ok(())
     }
 
@@ -839,19 +809,17 @@ where
             return Ok(());
         }
         let w = checkpoint::Writer::begin(&self.dir.checkpoints(), self.state.step)?;
-        w.trainable("policy", &self.policy)?;
-        w.optim::<B, M, Optim<B, M>>("policy_optim", &self.policy_optim)?;
+        self.policy.save(&w)?;
         if let Some(j) = &self.judge {
-            w.trainable("judge", j)?;
-            w.optim::<B, M, Optim<B, M>>("judge_optim", &self.judge_optim)?;
+            j.save(&w)?;
         }
-        if let Some(r) = &self.reference {
-            w.module::<B::InnerBackend, M::InnerModule>("reference", r)?;
-        }
-        if let Some(r) = &self.judge_reference {
-            w.module::<B::InnerBackend, M::InnerModule>("judge_reference", r)?;
-        }
-        w.state(&self.state)?;
+        // A run without a judge model saves the judge's stream as it was drawn, unused.
+        let unused = Rng::derive(self.seed, Role::Judge.stream());
+        w.state(&SavedState {
+            state: &self.state,
+            policy_mb_rng: self.policy.rng(),
+            judge_mb_rng: self.judge.as_ref().map_or(&unused, |j| j.rng()),
+        })?;
         w.commit(2)
     }
 
@@ -863,9 +831,9 @@ where
             return Ok(());
         }
         let step = self.state.step + 1;
-        placement.agree(&format!("policy after step {step}"), checksum(&self.policy))?;
-        if let Some(j) = &self.judge {
-            placement.agree(&format!("judge after step {step}"), checksum(j))?;
+        for learner in std::iter::once(&self.policy).chain(&self.judge) {
+            let what = format!("{} after step {step}", learner.role().name());
+            placement.agree(&what, learner.checksum())?;
         }
         Ok(())
     }

@@ -43,12 +43,7 @@ where
             })?;
             metrics.iter().for_each(|(k, v)| m.set(k, *v));
             run.summary.warm_cached += usize::from(hit);
-            run.judge = Some(judge);
-        }
-        let frozen_target = matches!(run.cfg.ppo.kl.target, KlTarget::Reference);
-        run.reference = frozen_target.then(|| run.policy.valid());
-        if frozen_target && run.cfg.judge.trained() {
-            run.judge_reference = run.judge.as_ref().map(|j| j.valid());
+            run.judge = Some(Learner::new(Role::Judge, judge, &run.cfg, seed));
         }
         run.judge_pool = run.make_judge_pool();
         let (id, ood) = run.evaluate(&mut m, 0)?;
@@ -114,6 +109,7 @@ where
                     shards: cfg.shards,
                     placement: opts.placement.clone(),
                 },
+                micro_batch: 0,
             };
             let (policy, loss) = warm_start(
                 fresh,
@@ -190,7 +186,7 @@ where
         };
         match ws.source {
             LabelSource::Policy => judge::labelled_steps(
-                &self.policy.valid(),
+                &self.policy.model.valid(),
                 self.env,
                 self.tok,
                 &labels,
@@ -247,6 +243,7 @@ where
                 progress: self.opts.progress,
                 kernels: self.cfg.kernels,
                 spread: self.spread.clone(),
+                micro_batch: 0,
             },
             batch: ws.batch,
             balanced: ws.balanced,
@@ -282,25 +279,16 @@ where
             Some(name) => checkpoint::Reader::named(&dir.checkpoints(), name)?,
             None => checkpoint::Reader::latest(&dir.checkpoints())?,
         };
-        let reference = match cfg.ppo.kl.target {
-            KlTarget::Reference => Some(ckpt.module("reference", parts.policy.valid(), device)?),
-            KlTarget::Old => None,
-        };
-        let policy = ckpt.trainable("policy", parts.policy.clone(), device)?;
+        let saved: SavedState<TrainerState, Rng> = ckpt.state()?;
         let fresh_judge = parts.judge.take();
-        parts.policy = policy;
         let mut run = Self::new(cfg, seed, parts, device, opts, dir);
-        run.reference = reference;
-        run.policy_optim = ckpt.optim("policy_optim", run.policy_optim, device)?;
+        run.policy = run.policy.resume(&ckpt, saved.policy_mb_rng, device)?;
         if let Some(j) = fresh_judge {
-            run.judge_optim = ckpt.optim("judge_optim", run.judge_optim, device)?;
-            if matches!(run.cfg.ppo.kl.target, KlTarget::Reference) && run.cfg.judge.trained() {
-                run.judge_reference = Some(ckpt.module("judge_reference", j.valid(), device)?);
-            }
-            run.judge = Some(ckpt.trainable("judge", j, device)?);
+            let judge = Learner::new(Role::Judge, j, &run.cfg, seed);
+            run.judge = Some(judge.resume(&ckpt, saved.judge_mb_rng, device)?);
         }
         run.judge_pool = run.make_judge_pool();
-        run.state = ckpt.state()?;
+        run.state = saved.state;
         run.proposer.load_state(run.state.proposer.clone())?;
         run.dir.truncate_after(run.state.step)?;
         Ok(run)
