@@ -51,6 +51,12 @@ pub(crate) struct BenchArgs {
     /// With --models: only workloads whose name starts with one of these (e.g. R_small,T_small).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// With --models on a Cube backend (wgpu, cuda): also count kernel launches — per decoded
+    /// token and per layer for the rollouts, per step for the PPO steps, by kernel — in the
+    /// table and the JSON (a measure of how launch-bound a workload is that is the same on
+    /// any device).
+    #[arg(long)]
+    launches: bool,
     /// ndarray, flex, wgpu, cuda or cuda:N (flex, wgpu and cuda need the matching cargo
     /// feature).
     #[arg(long, default_value = "ndarray")]
@@ -122,7 +128,20 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
     for d in &args.dtype {
         parse_dtype(d)?;
     }
-    match super::parse_backend(&args.backend)? {
+    let backend = super::parse_backend(&args.backend)?;
+    if args.launches && (!args.models || backend.is_cpu()) {
+        bail!(super::UsageError(
+            "rlany bench --launches counts the model workloads' kernels on a Cube backend: \
+             pass --models and --backend wgpu or cuda"
+                .into()
+        ));
+    }
+    // Before the device exists: CubeCL reads its configuration once.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if args.launches {
+        rlany_kernels::launches::count_launches()?;
+    }
+    match backend {
         rlany_framework::BackendKind::NdArray => {
             type B = burn::backend::Autodiff<burn::backend::NdArray<f32>>;
             bench_backend::<B>(&args, &Default::default())
@@ -277,9 +296,24 @@ where
             &args.only,
             on_device,
             args.shards,
+            args.launches,
         )?;
         print_model_table(&rows);
+        print_launches(&rows);
         results.extend(rows.iter().map(|r| {
+            let launches = r.launches.as_ref().map(|l| {
+                let by_kernel: serde_json::Map<String, serde_json::Value> = l
+                    .by_kernel
+                    .iter()
+                    .map(|(k, n)| (k.clone(), (*n).into()))
+                    .collect();
+                serde_json::json!({
+                    "per_unit": l.per_unit,
+                    "unit": if l.per_layer.is_some() { "decoded token" } else { "step" },
+                    "per_layer_per_token": l.per_layer,
+                    "by_kernel": by_kernel,
+                })
+            });
             serde_json::json!({
                 "name": r.name, "workload": r.name, "variant": "rlany", "dtype": r.dtype,
                 "shards": args.shards,
@@ -287,6 +321,7 @@ where
                 "tokens_per_s": r.ms.map(|ms| r.tokens as f64 / (ms * 1e-3)),
                 "gflop_per_s": r.gflop_per_s(),
                 "device_reserved_bytes": r.reserved, "error": r.error,
+                "launches": launches,
             })
         }));
     }
@@ -332,6 +367,32 @@ fn print_model_table(rows: &[crate::bench_models::ModelRow]) {
                 r.dtype,
                 r.error.as_deref().unwrap_or("?")
             ),
+        }
+    }
+}
+
+/// The launch counts of `--launches`: per unit and per layer, and each workload's five
+/// most launched kernels.
+fn print_launches(rows: &[crate::bench_models::ModelRow]) {
+    let counted: Vec<_> = rows
+        .iter()
+        .filter_map(|r| r.launches.as_ref().map(|l| (r, l)))
+        .collect();
+    if counted.is_empty() {
+        return;
+    }
+    println!("\nkernel launches");
+    for (r, l) in counted {
+        match l.per_layer {
+            Some(per_layer) => println!(
+                "{:<18} {:>8.1} per decoded token, {:.1} per layer per token",
+                r.name, l.per_unit, per_layer
+            ),
+            None => println!("{:<18} {:>8.0} per PPO step", r.name, l.per_unit),
+        }
+        for (kernel, n) in l.by_kernel.iter().take(5) {
+            let short: String = kernel.chars().take(90).collect();
+            println!("{:<18} {n:>8.1}  {short}", "");
         }
     }
 }

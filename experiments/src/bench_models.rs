@@ -27,6 +27,7 @@
 //! the repeats; `device_reserved_bytes` is what the backend's memory pools hold after the
 //! workload (their peak), where the backend reports it.
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -320,6 +321,62 @@ pub(crate) struct ModelRow {
     pub flop: Option<f64>,
     pub reserved: Option<u64>,
     pub error: Option<String>,
+    /// Kernel launches (`--launches`, Cube backends).
+    pub launches: Option<Launches>,
+}
+
+/// A workload's kernel launches (Cube backends, `rlany bench --models --launches`): per
+/// decoded token for a rollout — the difference between rollouts of `sampled` and
+/// `sampled / 2` tokens, both after a warm-up, over the tokens between them, so the prompt's
+/// prefill and the per-call setup cancel — or per PPO step.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Launches {
+    /// Launches per decoded token (rollouts) or per step (PPO steps).
+    pub per_unit: f64,
+    /// Per decoded token and layer (rollouts).
+    pub per_layer: Option<f64>,
+    /// By kernel name, per unit, most launched first.
+    pub by_kernel: Vec<(String, f64)>,
+}
+
+impl Launches {
+    /// From the launches of two measurements `a` (of `units_a` units) and `b` (`units_b >
+    /// units_a`): the difference per unit; `layers` for rollouts.
+    fn between(
+        a: &BTreeMap<String, u64>,
+        b: &BTreeMap<String, u64>,
+        units: f64,
+        layers: Option<usize>,
+    ) -> Self {
+        let mut by_kernel: Vec<(String, f64)> = b
+            .iter()
+            .map(|(k, &n)| {
+                let before = a.get(k).copied().unwrap_or(0) as f64;
+                (k.clone(), (n as f64 - before) / units)
+            })
+            .filter(|(_, n)| *n != 0.0)
+            .collect();
+        by_kernel.sort_by(|x, y| y.1.total_cmp(&x.1).then_with(|| x.0.cmp(&y.0)));
+        let per_unit = by_kernel.iter().map(|(_, n)| n).sum::<f64>();
+        Self {
+            per_unit,
+            per_layer: layers.map(|l| per_unit / l as f64),
+            by_kernel,
+        }
+    }
+}
+
+/// Reads the launch counter after synchronising the device (`None` where nothing counts).
+fn launch_counts<B: Backend>(device: &B::Device) -> Result<BTreeMap<String, u64>> {
+    B::sync(device).map_err(|e| anyhow::anyhow!("device sync: {e}"))?;
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    {
+        Ok(rlany_kernels::launches::launches())
+    }
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    {
+        Ok(BTreeMap::new())
+    }
 }
 
 impl ModelRow {
@@ -329,7 +386,9 @@ impl ModelRow {
     }
 }
 
-/// Runs the model workloads on backend `B` and returns their rows.
+/// Runs the model workloads on backend `B` and returns their rows; `count` also counts
+/// their kernel launches (the caller started the counter: Cube backends only).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run<B>(
     device: &B::Device,
     quick: bool,
@@ -338,6 +397,7 @@ pub(crate) fn run<B>(
     only: &[String],
     on_device: bool,
     shards: usize,
+    count: bool,
 ) -> Result<Vec<ModelRow>>
 where
     B: AutodiffBackend + AutodiffLogProbOps,
@@ -366,13 +426,15 @@ where
                 sampled,
             } => {
                 let shape = (batch, prompt, sampled);
-                rollout::<B::InnerBackend>(device, &wl, dt, shape, reps, on_device)
+                rollout::<B::InnerBackend>(device, &wl, dt, shape, reps, on_device, count)
             }
-            Work::Train { batch, seq } => train::<B>(device, &wl, dt, (batch, seq), shards, reps),
+            Work::Train { batch, seq } => {
+                train::<B>(device, &wl, dt, (batch, seq), shards, reps, count)
+            }
         });
-        let (ms, error) = match result {
-            Ok(ms) => (Some(ms), None),
-            Err(e) => (None, Some(format!("{e:#}"))),
+        let (ms, launches, error) = match result {
+            Ok((ms, launches)) => (Some(ms), launches, None),
+            Err(e) => (None, None, Some(format!("{e:#}"))),
         };
         rows.push(ModelRow {
             name: wl.name.clone(),
@@ -382,6 +444,7 @@ where
             flop: wl.train_flop(),
             reserved: B::device_memory_reserved(device),
             error,
+            launches,
         });
     }
     Ok(rows)
@@ -415,7 +478,8 @@ fn model<B: AttentionOps>(
     })
 }
 
-/// Median ms of `reps` rollouts (one warm-up first).
+/// Median ms of `reps` rollouts (one warm-up first), and with `count` their launches per
+/// decoded token ([`Launches`]).
 fn rollout<B: AttentionOps>(
     device: &B::Device,
     wl: &Workload,
@@ -423,7 +487,8 @@ fn rollout<B: AttentionOps>(
     (batch, prompt, sampled): (usize, usize, usize),
     reps: usize,
     on_device: bool,
-) -> Result<f64> {
+    count: bool,
+) -> Result<(f64, Option<Launches>)> {
     let model = model::<B>(device, wl, dtype)?;
     let mut rng = Rng::new(11);
     let prompts: Vec<Vec<u32>> = (0..batch)
@@ -440,16 +505,42 @@ fn rollout<B: AttentionOps>(
         stop_tokens: Vec::new(),
         on_device,
     };
-    super::bench::median_ms::<B, _>(device, 1, reps, || {
+    let ms = super::bench::median_ms::<B, _>(device, 1, reps, || {
         let gens = model.generate(&prompts, &params, &mut rng);
         debug_assert!(gens.iter().all(|g| g.tokens.len() == sampled));
         gens
-    })
+    })?;
+    if !count || sampled < 2 {
+        return Ok((ms, None));
+    }
+    // Rollouts of `half` and `sampled` tokens, each once untimed (its own shapes' first
+    // launches and autotuning), then counted: the difference is what the tokens between
+    // them launched.
+    let half = sampled / 2;
+    let mut launched = |n: usize| -> Result<BTreeMap<String, u64>> {
+        let params = SampleParams {
+            max_new_tokens: n,
+            ..params.clone()
+        };
+        drop(model.generate(&prompts, &params, &mut rng));
+        let before = launch_counts::<B>(device)?;
+        drop(model.generate(&prompts, &params, &mut rng));
+        let after = launch_counts::<B>(device)?;
+        Ok(after
+            .iter()
+            .map(|(k, &v)| (k.clone(), v - before.get(k).copied().unwrap_or(0).min(v)))
+            .collect())
+    };
+    let (short, long) = (launched(half)?, launched(sampled)?);
+    let units = (sampled - half) as f64;
+    let launches = Launches::between(&short, &long, units, Some(wl.shape.layers));
+    Ok((ms, Some(launches)))
 }
 
 /// Median ms of `reps` PPO steps (one warm-up first), the rows split into `shards` groups
 /// run forward and backward at once and their gradients summed, as a run's
-/// update does with `shards: n` (`rlany_framework::shard::grads`; 1: one batch).
+/// update does with `shards: n` (`rlany_framework::shard::grads`; 1: one batch); with
+/// `count`, the launches of one more step ([`Launches`], per step).
 fn train<B>(
     device: &B::Device,
     wl: &Workload,
@@ -457,7 +548,8 @@ fn train<B>(
     (batch, seq): (usize, usize),
     shards: usize,
     reps: usize,
-) -> Result<f64>
+    count: bool,
+) -> Result<(f64, Option<Launches>)>
 where
     B: AutodiffBackend + AutodiffLogProbOps,
 {
@@ -501,7 +593,15 @@ where
         })
         .collect();
     let mut times = Vec::with_capacity(reps);
-    for i in 0..=reps {
+    let mut counted = None;
+    // The warm-up step, the timed steps, and (with `count`) one counted step.
+    for i in 0..=reps + usize::from(count) {
+        let counting = i > reps;
+        let before = if counting {
+            Some(launch_counts::<B>(device)?)
+        } else {
+            None
+        };
         B::sync(device).map_err(|e| anyhow::anyhow!("device sync: {e}"))?;
         let start = Instant::now();
         let m = model.take().context("model")?;
@@ -520,12 +620,15 @@ where
         let (m, _norm) = rlany_framework::ppo::clip::apply(m, &mut optim, grads, 1e-5, 1.0);
         model = Some(m);
         B::sync(device).map_err(|e| anyhow::anyhow!("device sync: {e}"))?;
-        if i > 0 {
+        if let Some(before) = before {
+            let after = launch_counts::<B>(device)?;
+            counted = Some(Launches::between(&before, &after, 1.0, None));
+        } else if i > 0 {
             times.push(start.elapsed().as_secs_f64() * 1e3);
         }
     }
     times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
+    Ok((times[times.len() / 2], counted))
 }
 
 #[cfg(test)]

@@ -18,6 +18,8 @@
 //! - [`mod@packed`]: products with weights kept in llama.cpp's quantized blocks
 //!   ([`PackedMatrix`]), for decoding a few rows on the CPU; the dense product of the same
 //!   weights is the twin.
+//! - `launches` (Cube backends): kernel launches counted by name through CubeCL's execution
+//!   log, the device-independent measure of a launch-bound workload.
 //! - [`mod@cached_attention`]: the attention of new positions over a KV cache read in place,
 //!   on the host (the CPU backend's [`AttentionOps::cached_attention`]); the composition is
 //!   the twin.
@@ -30,6 +32,8 @@ mod cube;
 pub mod fused;
 #[cfg(feature = "fusion")]
 mod fusion;
+#[cfg(feature = "cube")]
+pub mod launches;
 mod ops;
 pub mod packed;
 pub mod reference;
