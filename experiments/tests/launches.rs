@@ -19,8 +19,19 @@ fn decoding_launches_at_most_the_stated_kernels_per_layer_and_token() {
     let json = dir.join("bench.json");
     let json_s = json.to_string_lossy().into_owned();
     let args = [
-        "rlany", "bench", "--models", "--quick", "--only", "C_tiny_R", "--backend", "wgpu",
-        "--launches", "--reps", "1", "--json", &json_s,
+        "rlany",
+        "bench",
+        "--models",
+        "--quick",
+        "--only",
+        "C_tiny_R",
+        "--backend",
+        "wgpu",
+        "--launches",
+        "--reps",
+        "1",
+        "--json",
+        &json_s,
     ];
     assert_eq!(rlany::cli_main(args.to_vec()), 0, "rlany bench failed");
     let text = std::fs::read_to_string(&json).expect("the bench JSON");
@@ -32,7 +43,9 @@ fn decoding_launches_at_most_the_stated_kernels_per_layer_and_token() {
         .as_f64()
         .unwrap_or_else(|| panic!("no launch count: {row}"));
     let kinds = launches["by_kernel"].as_object().map_or(0, |m| m.len());
-    eprintln!("C_tiny_R@quick on wgpu: {per_layer:.1} launches per layer per decoded token, {kinds} kernels");
+    eprintln!(
+        "C_tiny_R@quick on wgpu: {per_layer:.1} launches per layer per decoded token, {kinds} kernels"
+    );
     // The counter sees the decode at all (every layer launches several kernels per token)…
     assert!(per_layer >= 4.0 && kinds >= 3, "{launches}");
     // …and the decode launches no more than the stated bound.

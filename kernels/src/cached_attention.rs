@@ -136,7 +136,10 @@ mod tests {
             head_dim: 2,
             keys: 1,
         };
-        let (k, v) = ([1.0, 2.0, 9.0, 9.0, 9.0, 9.0], [5.0, -1.0, 7.0, 7.0, 7.0, 7.0]);
+        let (k, v) = (
+            [1.0, 2.0, 9.0, 9.0, 9.0, 9.0],
+            [5.0, -1.0, 7.0, 7.0, 7.0, 7.0],
+        );
         let y = cached_attention_host(&[0.3, 0.4], 1, &k, &v, cache, None, 1);
         assert_eq!(y, vec![5.0, -1.0]);
         // Two keys of equal score (q ⟂ both): the mean of their values; the third position
@@ -158,7 +161,8 @@ mod tests {
         let device = Default::default();
         let (batch, kv_heads, group, seq, capacity, hd, keys) = (2, 2, 3, 2, 9, 16, 7);
         let rows = group * seq;
-        let wave = |n: usize, f: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * f).sin()).collect() };
+        let wave =
+            |n: usize, f: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * f).sin()).collect() };
         let q = wave(batch * kv_heads * rows * hd, 0.37);
         let k = wave(batch * kv_heads * capacity * hd, 0.11);
         let v = wave(batch * kv_heads * capacity * hd, 0.23);

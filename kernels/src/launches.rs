@@ -117,6 +117,9 @@ mod tests {
             ("c".to_string(), 2),
         ]);
         let d = launches_between(&before, &after);
-        assert_eq!(d, BTreeMap::from([("a".to_string(), 2), ("c".to_string(), 2)]));
+        assert_eq!(
+            d,
+            BTreeMap::from([("a".to_string(), 2), ("c".to_string(), 2)])
+        );
     }
 }

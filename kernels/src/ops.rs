@@ -206,7 +206,9 @@ where
         let m = *view.shape().first()?;
         let y = match view.as_slice() {
             Some(x) => crate::packed::packed_matmul_host(x, m, w),
-            None => crate::packed::packed_matmul_host(&view.iter().copied().collect::<Vec<_>>(), m, w),
+            None => {
+                crate::packed::packed_matmul_host(&view.iter().copied().collect::<Vec<_>>(), m, w)
+            }
         };
         Some(NdArrayTensor::from_data(burn::tensor::TensorData::new(
             y,

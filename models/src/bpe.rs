@@ -1377,7 +1377,11 @@ mod tests {
     fn a_spec_round_trips_through_tokenizer_json() {
         let dir = temp_dir("json-out");
         let path = dir.join("tokenizer.json");
-        for pre in [PreTokenizer::Gpt2, PreTokenizer::SmolLm, PreTokenizer::Qwen2] {
+        for pre in [
+            PreTokenizer::Gpt2,
+            PreTokenizer::SmolLm,
+            PreTokenizer::Qwen2,
+        ] {
             std::fs::write(&path, tiny_json(SMOLLM_PRE)).expect("write");
             let json: Value =
                 serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
@@ -1395,7 +1399,11 @@ mod tests {
                 BpeTokenizer::new(spec.clone()).expect("original"),
                 BpeTokenizer::from_tokenizer_json(&path).expect("written"),
             );
-            for text in ["the theme", "<|im_start|>user 12 the<|im_end|>", "a <tool> b\n"] {
+            for text in [
+                "the theme",
+                "<|im_start|>user 12 the<|im_end|>",
+                "a <tool> b\n",
+            ] {
                 assert_eq!(a.encode(text), b.encode(text), "{pre:?}: {text:?}");
             }
         }

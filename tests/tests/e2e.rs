@@ -2710,7 +2710,11 @@ fn a_lora_run_exports_to_hf_and_peft_and_both_load_back() {
     // whole pretrained model whose tokenizer encodes as the file's, with its chat template.
     let exported = rlany_models::load_pretrained::<NdArray>(&hf, Some(64), &device)
         .expect("the hf export with its tokenizer.json");
-    for text in ["7 + 5 = 12", "<|im_start|>user\nhello there<|im_end|>", "Ġ é 1234"] {
+    for text in [
+        "7 + 5 = 12",
+        "<|im_start|>user\nhello there<|im_end|>",
+        "Ġ é 1234",
+    ] {
         assert_eq!(
             rlany_framework::Tokenizer::encode(&exported.tokenizer, text),
             rlany_framework::Tokenizer::encode(&source.tokenizer, text),
