@@ -91,35 +91,3 @@ pub fn launches() -> BTreeMap<String, u64> {
     }
     last
 }
-
-/// `after − before`, kernel by kernel (the launches of what ran between two readings).
-pub fn launches_between(
-    before: &BTreeMap<String, u64>,
-    after: &BTreeMap<String, u64>,
-) -> BTreeMap<String, u64> {
-    after
-        .iter()
-        .map(|(k, &n)| (k.clone(), n - before.get(k).copied().unwrap_or(0).min(n)))
-        .filter(|(_, n)| *n > 0)
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_difference_is_taken_kernel_by_kernel() {
-        let before = BTreeMap::from([("a".to_string(), 3), ("b".to_string(), 1)]);
-        let after = BTreeMap::from([
-            ("a".to_string(), 5),
-            ("b".to_string(), 1),
-            ("c".to_string(), 2),
-        ]);
-        let d = launches_between(&before, &after);
-        assert_eq!(
-            d,
-            BTreeMap::from([("a".to_string(), 2), ("c".to_string(), 2)])
-        );
-    }
-}

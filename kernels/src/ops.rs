@@ -204,12 +204,9 @@ where
         };
         let view = storage.view();
         let m = *view.shape().first()?;
-        let y = match view.as_slice() {
-            Some(x) => crate::packed::packed_matmul_host(x, m, w),
-            None => {
-                crate::packed::packed_matmul_host(&view.iter().copied().collect::<Vec<_>>(), m, w)
-            }
-        };
+        // Borrowed where the layout is row-major already (always, on the decode path).
+        let x = view.as_standard_layout();
+        let y = crate::packed::packed_matmul_host(x.as_slice()?, m, w);
         Some(NdArrayTensor::from_data(burn::tensor::TensorData::new(
             y,
             [m, w.rows()],
@@ -240,32 +237,18 @@ where
         };
         let seq = rows / group.max(1);
         let (k, v) = (k.as_slice()?, v.as_slice()?);
-        let q_copy;
-        let q = match q.as_slice() {
-            Some(q) => q,
-            None => {
-                q_copy = q.iter().copied().collect::<Vec<f32>>();
-                &q_copy
-            }
-        };
-        let bias_view = match &bias {
+        // Borrowed where the layout is row-major already, copied once otherwise.
+        let q = q.as_standard_layout();
+        let bias = match &bias {
             Some(NdArrayTensor::F32(b)) => Some(b.view()),
             Some(_) => return None,
             None => None,
         };
-        let bias_copy;
-        let bias = match &bias_view {
-            Some(b) => {
-                let bias_batch = *b.shape().first()?;
-                let values = match b.as_slice() {
-                    Some(values) => values,
-                    None => {
-                        bias_copy = b.iter().copied().collect::<Vec<f32>>();
-                        &bias_copy
-                    }
-                };
-                Some((values, bias_batch))
-            }
+        let bias = bias
+            .as_ref()
+            .map(|b| (b.as_standard_layout(), b.shape()[0]));
+        let bias = match &bias {
+            Some((values, bias_batch)) => Some((values.as_slice()?, *bias_batch)),
             None => None,
         };
         let cache = CacheLayout {
@@ -275,7 +258,7 @@ where
             head_dim,
             keys,
         };
-        let y = cached_attention_host(q, rows, k, v, cache, bias, seq);
+        let y = cached_attention_host(q.as_slice()?, rows, k, v, cache, bias, seq);
         Some(NdArrayTensor::from_data(burn::tensor::TensorData::new(
             y,
             [batch, kv_heads, rows, head_dim],
