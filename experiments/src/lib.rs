@@ -134,6 +134,18 @@ enum Command {
         /// `rlany bench --json` files (any backend, or the PyTorch anchor's) to compare.
         #[arg(long, value_name = "FILE")]
         bench: Vec<PathBuf>,
+        /// One more paired comparison, ROW=AGAINST (experiment names), beyond each row's
+        /// baseline and the experiment files' `compare`; repeatable.
+        #[arg(long, value_name = "ROW=AGAINST", value_parser = pair_of::<'='>)]
+        compare: Vec<(String, String)>,
+        /// An interaction, SUITE_A:SUITE_B (the folders holding the experiments): each arm's
+        /// gain over its baseline in A minus its gain in B, paired by seed; repeatable.
+        #[arg(long, value_name = "SUITE_A:SUITE_B", value_parser = pair_of::<':'>)]
+        interaction: Vec<(String, String)>,
+        /// Report only these seeds' runs (comma-separated), e.g. to leave out the seed that
+        /// chose a setting.
+        #[arg(long, value_delimiter = ',')]
+        seeds: Option<Vec<u64>>,
     },
     /// Show an environment: a sampled task, the expert's trajectory with observations and
     /// oracle labels, and the difficulty dimensions — exactly what the agent sees.
@@ -223,6 +235,14 @@ where
 #[error("{0}")]
 pub struct UsageError(pub String);
 
+/// Parses `A<SEP>B` into two non-empty names.
+fn pair_of<const SEP: char>(s: &str) -> std::result::Result<(String, String), String> {
+    match s.split_once(SEP) {
+        Some((a, b)) if !a.is_empty() && !b.is_empty() => Ok((a.to_string(), b.to_string())),
+        _ => Err(format!("expected two names joined by `{SEP}`, got `{s}`")),
+    }
+}
+
 fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Bench { args } => bench::run(args),
@@ -231,7 +251,14 @@ fn dispatch(cli: Cli) -> Result<()> {
         Command::Export { args } => exportcmd::run(&args),
         Command::JudgeFit { args } => judgefit::run(&args),
         Command::Generate { args } => generate::run(&args),
-        Command::Report { paths, out, bench } => {
+        Command::Report {
+            paths,
+            out,
+            bench,
+            compare,
+            interaction,
+            seeds,
+        } => {
             let out = match (out, paths.first(), bench.first()) {
                 (Some(o), _, _) => o,
                 (None, Some(p), _) => p.clone(),
@@ -242,6 +269,9 @@ fn dispatch(cli: Cli) -> Result<()> {
                 out,
                 bench_json: bench,
                 title: None,
+                compare,
+                interactions: interaction,
+                seeds,
             };
             let summary = rlany_reports::write_report(&paths, &opts)?;
             for w in &summary.warnings {

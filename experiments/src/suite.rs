@@ -18,9 +18,7 @@
 //!   reported as gated out, its step-0 metrics kept as `gated.jsonl` beside its resolved file
 //!   (so no report counts it as a run), and the other runs go on.
 
-use crate::{
-    Experiment, UsageError, WARM_CACHE, meta_json, overrides, print_summary, run as run_seed,
-};
+use crate::{Experiment, UsageError, WARM_CACHE, meta_json, overrides, run as run_seed};
 use anyhow::{Context, Result};
 use rlany_framework::checkpoint;
 use rlany_framework::progress;
@@ -249,20 +247,21 @@ pub fn ablate(o: &SuiteOptions) -> Result<()> {
                 let metrics = dir.join("metrics.jsonl");
                 std::fs::rename(&metrics, dir.join("gated.jsonl"))
                     .with_context(|| format!("setting aside {}", metrics.display()))?;
-                let line = format!("{} seed {seed}: gated out, not trained: {e:#}", exp.name);
-                match bar.lock() {
-                    Ok(b) => b.println(&line),
-                    Err(_) => eprintln!("{line}"),
-                }
+                say(&format!(
+                    "{} seed {seed}: gated out, not trained: {e:#}",
+                    exp.name
+                ));
                 return Ok(());
             }
             Err(e) => return Err(e).with_context(|| format!("run {}", dir.display())),
         };
-        let line = crate::summary_line(exp, seed, &dir, &summary, started.elapsed().as_secs_f64());
-        match bar.lock() {
-            Ok(b) => b.println(&line),
-            Err(_) => print_summary(exp, seed, &dir, &summary, started.elapsed().as_secs_f64()),
-        }
+        say(&crate::summary_line(
+            exp,
+            seed,
+            &dir,
+            &summary,
+            started.elapsed().as_secs_f64(),
+        ));
         Ok(())
     };
     // Workers take jobs from one queue (see `next_job`) until none is left or one failed.
@@ -321,9 +320,8 @@ pub fn ablate(o: &SuiteOptions) -> Result<()> {
     let report = rlany_reports::write_report(
         std::slice::from_ref(&out),
         &rlany_reports::ReportOptions {
-            out: out.clone(),
-            bench_json: Vec::new(),
             title: Some(format!("Ablation suite `{suite_name}`")),
+            ..rlany_reports::ReportOptions::new(out.clone())
         },
     )?;
     for w in &report.warnings {
@@ -374,7 +372,7 @@ fn gated(e: &anyhow::Error) -> bool {
 }
 
 /// `suite.json`: the rows in order with their baselines (the row above unless the file
-/// names another), for the report.
+/// names another) and further comparisons (`compare`), for the report.
 fn write_suite_json(out: &Path, rows: &[Row]) -> Result<()> {
     let list: Vec<serde_json::Value> = rows
         .iter()
@@ -385,11 +383,15 @@ fn write_suite_json(out: &Path, rows: &[Row]) -> Result<()> {
                 None if i > 0 => Some(rows[i - 1].exp.name.clone()),
                 None => None,
             };
-            serde_json::json!({
+            let mut row = serde_json::json!({
                 "experiment": r.exp.name,
                 "file": r.file.display().to_string(),
                 "baseline": baseline,
-            })
+            });
+            if !r.exp.compare.is_empty() {
+                row["compare"] = serde_json::json!(r.exp.compare);
+            }
+            row
         })
         .collect();
     let path = out.join("suite.json");

@@ -832,3 +832,47 @@ Experiment(
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `rlany report --compare ROW=AGAINST --seeds …` on the fixture runs: the extra comparison is
+/// in the printed table, and a malformed pair is refused by the parser (exit 2, the form named).
+#[test]
+fn report_takes_comparisons_and_seeds() {
+    let _cpu = shared_cpu();
+    let dir = scratch("report-compare");
+    let fixture = repo_root().join("tests/fixtures/runs");
+    let out = Command::new(env!("CARGO_BIN_EXE_rlany"))
+        .arg("report")
+        .arg(&fixture)
+        .args([
+            "--compare",
+            "c_env_gp=b_policy_judge",
+            "--seeds",
+            "1,2",
+            "--out",
+        ])
+        .arg(&dir)
+        .output()
+        .expect("rlany report runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("| c_env_gp | b_policy_judge | 1 |")
+            && stdout.contains("| b_policy_judge | a_outcome_only | 1, 2 |"),
+        "{stdout}"
+    );
+    let bad = Command::new(env!("CARGO_BIN_EXE_rlany"))
+        .arg("report")
+        .arg(&fixture)
+        .args(["--compare", "c_env_gp", "--out"])
+        .arg(&dir)
+        .output()
+        .expect("rlany report runs");
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{err}");
+    assert!(err.contains("joined by `=`"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -147,6 +147,10 @@ pub struct Experiment<E, A> {
     /// above when not given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub baseline: Option<String>,
+    /// In an ablation suite: further experiments (by name) this row is paired with in the
+    /// report's paired table, after its baseline (a plan's second comparisons).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub compare: Vec<String>,
 }
 
 /// `Fused`: the backend's fused kernels (CubeCL on wgpu/cuda; the composition elsewhere).

@@ -28,6 +28,7 @@ mod error;
 mod figures;
 mod glyphs;
 pub mod grid;
+mod kinds;
 pub mod learnability;
 mod plot;
 mod regime;
@@ -63,6 +64,15 @@ pub struct ReportOptions {
     pub bench_json: Vec<PathBuf>,
     /// Report title (default "RLAnything report").
     pub title: Option<String>,
+    /// Further `(row, against)` comparisons for the paired table, beyond each row's baseline
+    /// and what `suite.json` names ([`Suite::add_comparisons`]).
+    pub compare: Vec<(String, String)>,
+    /// `(suite, suite)` pairs (the folders holding the experiments) whose arms' gains are
+    /// compared in an interaction table (`regime`).
+    pub interactions: Vec<(String, String)>,
+    /// Report only the runs of these seeds (e.g. leaving out the seed that chose a setting);
+    /// `None`: every run.
+    pub seeds: Option<Vec<u64>>,
 }
 
 impl ReportOptions {
@@ -72,6 +82,9 @@ impl ReportOptions {
             out: out.into(),
             bench_json: Vec::new(),
             title: None,
+            compare: Vec::new(),
+            interactions: Vec::new(),
+            seeds: None,
         }
     }
 }
@@ -101,10 +114,32 @@ pub struct ReportSummary {
 pub fn write_report(paths: &[PathBuf], opts: &ReportOptions) -> Result<ReportSummary, ReportError> {
     let fig_dir = opts.out.join("figures");
     fs::create_dir_all(&fig_dir).map_err(io(&fig_dir))?;
-    let suite = if paths.is_empty() && !opts.bench_json.is_empty() {
-        Suite::from_runs(Vec::new(), &[])
+    let (suite, gated) = if paths.is_empty() && !opts.bench_json.is_empty() {
+        (Suite::from_runs(Vec::new(), &[]), Vec::new())
     } else {
-        Suite::build(collect(paths)?)?
+        let keep = |r: &Run| match &opts.seeds {
+            Some(seeds) => r.seed.is_some_and(|s| seeds.contains(&s)),
+            None => true,
+        };
+        let runs: Vec<Run> = collect(paths)?.into_iter().filter(keep).collect();
+        if runs.is_empty() {
+            return Err(ReportError::NoRuns(format!(
+                "{} (none of seeds {:?})",
+                paths
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                opts.seeds.as_deref().unwrap_or_default()
+            )));
+        }
+        let mut suite = Suite::build(runs)?;
+        suite.add_comparisons(&opts.compare);
+        let gated = runs::collect_gated(paths)?
+            .into_iter()
+            .filter(keep)
+            .collect();
+        (suite, gated)
     };
     let mut warnings = suite.warnings.clone();
     let table = if suite.rows.is_empty() {
@@ -112,7 +147,20 @@ pub fn write_report(paths: &[PathBuf], opts: &ReportOptions) -> Result<ReportSum
     } else {
         Some(Table::build(&suite))
     };
-    let table_md = table.as_ref().map(Table::markdown).unwrap_or_default();
+    let mut table_md = table.as_ref().map(Table::markdown).unwrap_or_default();
+    if table.is_some() {
+        let (inter, inter_warnings) = regime::interactions(&suite, &opts.interactions);
+        warnings.extend(inter_warnings);
+        if !inter.is_empty() {
+            table_md += "\n";
+            table_md += &inter;
+        }
+        let by_kind = kinds::markdown(&suite, &gated);
+        if !by_kind.is_empty() {
+            table_md += "\n### By kind of step\n\n";
+            table_md += &by_kind;
+        }
+    }
 
     let mut stems = BTreeSet::new();
     let mut written: Vec<(Planned, FigureFile)> = Vec::new();

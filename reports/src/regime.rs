@@ -236,6 +236,95 @@ fn markdown(arms: &Arms) -> String {
     out
 }
 
+/// The folder a row's runs were collected under (`<suite>/<experiment>/seed-<n>`): its suite.
+fn suite_of(row: &Row) -> Option<String> {
+    let dir = row.runs.first()?.dir.parent()?.parent()?;
+    Some(dir.file_name()?.to_string_lossy().into_owned())
+}
+
+/// Interactions: for each `(hi, lo)` pair of suites (folder names) and each arm with a row and
+/// its baseline in both, the arm's gain at `hi` minus its gain at `lo` (each gain: row −
+/// baseline, per seed), over the seeds all four rows have, on the regime figure's two
+/// measures. Returns the Markdown table (empty when no pair is given) and what was left out.
+pub(crate) fn interactions(suite: &Suite, pairs: &[(String, String)]) -> (String, Vec<String>) {
+    let mut warnings = Vec::new();
+    if pairs.is_empty() {
+        return (String::new(), warnings);
+    }
+    // Per suite: arm → (row, baseline row).
+    let points = |name: &str| -> Vec<(String, &Row, &Row)> {
+        suite
+            .rows
+            .iter()
+            .filter(|r| suite_of(r).as_deref() == Some(name))
+            .filter_map(|r| Some((arm(r), r, suite.row(r.baseline.as_deref()?)?)))
+            .collect()
+    };
+    let gain = |row: &Row, base: &Row, header: &str, seed: u64| -> Option<f64> {
+        let of = |r: &Row| {
+            let run = r.runs.iter().find(|x| x.seed == Some(seed))?;
+            crate::table::column_value(run, header)
+        };
+        Some(of(row)? - of(base)?)
+    };
+    let mut md = String::from(
+        "Interactions (an arm's gain over its baseline at one setting minus its gain at another, paired by seed: `(row − baseline)` at the first suite minus at the second; mean ± 95% CI):\n\n| settings | arm | seeds | Δ of Δ training success, last ¼ | Δ of Δ accuracy at the training difficulty |\n|---|---|---|---:|---:|\n",
+    );
+    let mut any = false;
+    for (hi, lo) in pairs {
+        let (a, b) = (points(hi), points(lo));
+        if a.is_empty() || b.is_empty() {
+            warnings.push(format!(
+                "interaction {hi}:{lo} left out: no row with a baseline in suite `{}`",
+                if a.is_empty() { hi } else { lo }
+            ));
+            continue;
+        }
+        for (name, row_hi, base_hi) in &a {
+            let Some((_, row_lo, base_lo)) = b.iter().find(|(n, _, _)| n == name) else {
+                continue;
+            };
+            let seeds: Vec<u64> = row_hi
+                .seeds()
+                .into_iter()
+                .filter(|s| {
+                    [base_hi, row_lo, base_lo]
+                        .iter()
+                        .all(|r| r.seeds().contains(s))
+                })
+                .collect();
+            let cells: Vec<String> = PANELS
+                .iter()
+                .map(|(header, _)| {
+                    let ds: Vec<f64> = seeds
+                        .iter()
+                        .filter_map(|&s| {
+                            Some(
+                                gain(row_hi, base_hi, header, s)?
+                                    - gain(row_lo, base_lo, header, s)?,
+                            )
+                        })
+                        .collect();
+                    crate::stats::mean_ci95(&ds).map_or("–".to_string(), |d| {
+                        diff_text(&d, &crate::table::COLUMNS[0], seeds.len())
+                    })
+                })
+                .collect();
+            let seeds: Vec<String> = seeds.iter().map(u64::to_string).collect();
+            md += &format!(
+                "| {hi} − {lo} | {name} | {} | {} |\n",
+                seeds.join(", "),
+                cells.join(" | ")
+            );
+            any = true;
+        }
+    }
+    if !any {
+        return (String::new(), warnings);
+    }
+    (md, warnings)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,6 +370,7 @@ mod tests {
                 baseline: b.map_or(crate::suite::BaselineSpec::None, |b| {
                     crate::suite::BaselineSpec::Named(b.into())
                 }),
+                compare: vec![],
             })
             .collect()
     }
@@ -330,6 +420,44 @@ mod tests {
                 .expect("table")
                 .contains("| 2_judge | sparse_j | sparse_o | 0.100 | +0.315 ± 0.064 | – |")
         );
+    }
+
+    #[test]
+    fn interaction_is_the_difference_of_paired_gains() {
+        let mut runs = Vec::new();
+        for seed in [1, 2] {
+            let s = seed as f64 / 100.0;
+            for (suite, exp, file, start, end) in [
+                ("easy", "easy_o", "0_outcome_only", 0.6, 0.7 + s),
+                ("easy", "easy_j", "2_judge", 0.6, 0.72 + s),
+                ("sparse", "sparse_o", "0_outcome_only", 0.1, 0.2 + s),
+                ("sparse", "sparse_j", "2_judge", 0.1, 0.5 + 2.0 * s),
+            ] {
+                let mut r = run(exp, file, seed, start, end);
+                r.dir = PathBuf::from(format!("/runs/{suite}/{exp}/seed-{seed}"));
+                runs.push(r);
+            }
+        }
+        let suite = Suite::from_runs(
+            runs,
+            &spec(&[
+                ("easy_o", None),
+                ("easy_j", Some("easy_o")),
+                ("sparse_o", None),
+                ("sparse_j", Some("sparse_o")),
+            ]),
+        );
+        // Gains (last quarter): sparse 0.3 + s, easy 0.02 → 0.29, 0.30: 0.295 ± 12.706·0.005.
+        let pairs = [("sparse".to_string(), "easy".to_string())];
+        let (md, w) = interactions(&suite, &pairs);
+        assert!(w.is_empty(), "{w:?}");
+        assert!(
+            md.contains("| sparse − easy | 2_judge | 1, 2 | +0.295 ± 0.064 | – |"),
+            "{md}"
+        );
+        let (md, w) = interactions(&suite, &[("sparse".to_string(), "nowhere".to_string())]);
+        assert!(md.is_empty());
+        assert!(w[0].contains("`nowhere`"), "{w:?}");
     }
 
     #[test]

@@ -191,8 +191,18 @@ pub struct Run {
 impl Run {
     /// Reads the run directory `dir` (`metrics.jsonl` required, every other file optional).
     pub fn read(dir: &Path) -> Result<Self, ReportError> {
+        Self::read_with(dir, "metrics.jsonl")
+    }
+
+    /// Reads a run that its judge's gate stopped: as [`Self::read`], its metrics from
+    /// `gated.jsonl` (the step-0 line `rlany ablate` keeps).
+    pub fn read_gated(dir: &Path) -> Result<Self, ReportError> {
+        Self::read_with(dir, "gated.jsonl")
+    }
+
+    fn read_with(dir: &Path, metrics: &str) -> Result<Self, ReportError> {
         let mut warnings = Vec::new();
-        let lines = read_metrics(&dir.join("metrics.jsonl"), &mut warnings)?;
+        let lines = read_metrics(&dir.join(metrics), &mut warnings)?;
         let meta = read_meta(&dir.join("meta.json"), &mut warnings)?;
         let experiment = dir
             .parent()
@@ -298,8 +308,24 @@ pub fn collect(paths: &[PathBuf]) -> Result<Vec<Run>, ReportError> {
     dirs.iter().map(|d| Run::read(d)).collect()
 }
 
+/// Every run directory at or below each path that a judge gate stopped (a folder holding
+/// `gated.jsonl` and no `metrics.jsonl`), read, in path order.
+pub fn collect_gated(paths: &[PathBuf]) -> Result<Vec<Run>, ReportError> {
+    let mut dirs = Vec::new();
+    for p in paths {
+        walk_for(p, "gated.jsonl", &mut dirs);
+    }
+    dirs.dedup();
+    dirs.retain(|d| !d.join("metrics.jsonl").is_file());
+    dirs.iter().map(|d| Run::read_gated(d)).collect()
+}
+
 fn walk(p: &Path, out: &mut Vec<PathBuf>) {
-    if p.join("metrics.jsonl").is_file() {
+    walk_for(p, "metrics.jsonl", out);
+}
+
+fn walk_for(p: &Path, marker: &str, out: &mut Vec<PathBuf>) {
+    if p.join(marker).is_file() {
         out.push(p.to_path_buf());
         return;
     }
@@ -313,7 +339,7 @@ fn walk(p: &Path, out: &mut Vec<PathBuf>) {
         .collect();
     dirs.sort();
     for d in dirs {
-        walk(&d, out);
+        walk_for(&d, marker, out);
     }
 }
 

@@ -8,7 +8,12 @@
 //!
 //! Baseline (for the paired differences): the row above, unless `suite.json` says otherwise:
 //! `{"rows": [{"experiment": "b", "baseline": "a"}, {"experiment": "c", "baseline": null}]}` —
-//! a name picks that row, `null` means none, and a missing key means the row above.
+//! a name picks that row, `null` means none, and a missing key means the row above. A row no
+//! `suite.json` lists takes the `baseline` its runs' `resolved.ron` names, if any.
+//!
+//! Further comparisons: a row may name more experiments to be paired with after its baseline,
+//! `{"experiment": "c", "baseline": "a", "compare": ["b"]}` (from the experiment file's
+//! `compare`, or `rlany report --compare c=b`): the paired table gets one line per comparison.
 //!
 //! Sweep (for the sweep figure, [`crate::sweep`]): an optional top-level
 //! `"sweep": "judge.p_pos"` names the numeric setting (a dotted path into `resolved.ron`) that
@@ -40,6 +45,8 @@ pub struct SuiteRowSpec {
     pub experiment: String,
     /// Its baseline.
     pub baseline: BaselineSpec,
+    /// Further experiments it is paired with (after the baseline).
+    pub compare: Vec<String>,
 }
 
 /// One experiment: its runs (sorted by seed) and the experiment it is compared to.
@@ -51,6 +58,8 @@ pub struct Row {
     pub runs: Vec<Run>,
     /// The experiment of its paired difference, if any.
     pub baseline: Option<String>,
+    /// Further experiments it is paired with in the paired table (each has runs here).
+    pub compare: Vec<String>,
 }
 
 impl Row {
@@ -136,9 +145,11 @@ impl Suite {
             }
         }
         let mut ordered: Vec<(String, BaselineSpec)> = Vec::new();
+        let mut compare: Vec<(String, String)> = Vec::new();
         for s in spec {
             if groups.contains_key(&s.experiment) {
                 ordered.push((s.experiment.clone(), s.baseline.clone()));
+                compare.extend(s.compare.iter().map(|c| (s.experiment.clone(), c.clone())));
             } else {
                 warnings.push(format!(
                     "suite.json lists `{}`, which has no run here",
@@ -160,7 +171,13 @@ impl Suite {
             ));
         }
         sort_experiments(&mut rest, &groups);
-        ordered.extend(rest.into_iter().map(|k| (k.clone(), BaselineSpec::Above)));
+        ordered.extend(rest.into_iter().map(|k| {
+            let named = groups[k].iter().find_map(resolved_baseline);
+            (
+                k.clone(),
+                named.map_or(BaselineSpec::Above, BaselineSpec::Named),
+            )
+        }));
 
         let names: Vec<String> = ordered.iter().map(|(n, _)| n.clone()).collect();
         let rows = ordered
@@ -173,13 +190,45 @@ impl Suite {
                     experiment,
                     runs,
                     baseline,
+                    compare: Vec::new(),
                 }
             })
             .collect();
-        Self {
+        let mut suite = Self {
             rows,
             warnings,
             sweep: None,
+        };
+        suite.add_comparisons(&compare);
+        suite
+    }
+
+    /// Adds `(row, against)` comparisons (after each row's baseline, in the order given): the
+    /// paired table gets a line for each. One that names a row without runs here, pairs a row
+    /// with itself or repeats one already there is left out with a warning.
+    pub fn add_comparisons(&mut self, pairs: &[(String, String)]) {
+        for (row, against) in pairs {
+            let known = |n: &str| self.rows.iter().any(|r| r.experiment == n);
+            let why = if !known(row) {
+                Some(format!("`{row}` has no run here"))
+            } else if !known(against) {
+                Some(format!("`{against}` has no run here"))
+            } else if row == against {
+                Some("a row against itself".to_string())
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                self.warnings
+                    .push(format!("comparison {row} = {against} left out: {why}"));
+                continue;
+            }
+            if let Some(r) = self.rows.iter_mut().find(|r| r.experiment == *row)
+                && r.baseline.as_deref() != Some(against.as_str())
+                && !r.compare.contains(against)
+            {
+                r.compare.push(against.clone());
+            }
         }
     }
 
@@ -218,6 +267,26 @@ fn resolve_baseline(
             None
         }
     }
+}
+
+/// The `baseline` its `resolved.ron` names (the experiment file's own choice), for a row no
+/// `suite.json` lists: a suite's runs copied without their `suite.json` keep their pairing.
+fn resolved_baseline(run: &Run) -> Option<String> {
+    let text = run.resolved.as_deref()?;
+    let v: ron::Value = ron::Options::default()
+        .with_default_extension(ron::extensions::Extensions::UNWRAP_VARIANT_NEWTYPES)
+        .from_str(text)
+        .ok()?;
+    let ron::Value::Map(fields) = v else {
+        return None;
+    };
+    fields.iter().find_map(|(k, v)| match (k, v) {
+        (ron::Value::String(k), ron::Value::Option(Some(b))) if k == "baseline" => match &**b {
+            ron::Value::String(b) => Some(b.clone()),
+            _ => None,
+        },
+        _ => None,
+    })
 }
 
 /// Orders experiment names by their experiment file's name when every one has it, else by
@@ -293,7 +362,8 @@ pub fn read_suite_json(path: &Path) -> Result<Vec<SuiteRowSpec>, ReportError> {
     read_suite_file(path).map(|f| f.rows)
 }
 
-/// Reads `suite.json`: `{"rows": [...], "sweep": "judge.p_pos"}` (`"sweep"` optional).
+/// Reads `suite.json`: `{"rows": [...], "sweep": "judge.p_pos"}` (`"sweep"` optional; a row:
+/// `{"experiment": "b", "baseline": "a" | null, "compare": ["c"]}`, the last two optional).
 pub fn read_suite_file(path: &Path) -> Result<SuiteFile, ReportError> {
     let text = fs::read_to_string(path).map_err(io(path))?;
     let bad = |message: String| ReportError::BadFile {
@@ -331,9 +401,26 @@ pub fn read_suite_file(path: &Path) -> Result<SuiteFile, ReportError> {
                     return Err(bad(format!("rows[{i}].baseline: expected a name or null")));
                 }
             };
+            let compare = match r.get("compare") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::Array(xs)) => xs
+                    .iter()
+                    .map(|x| {
+                        x.as_str().map(str::to_string).ok_or_else(|| {
+                            bad(format!("rows[{i}].compare: expected experiment names"))
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+                Some(_) => {
+                    return Err(bad(format!(
+                        "rows[{i}].compare: expected a list of experiment names"
+                    )));
+                }
+            };
             Ok(SuiteRowSpec {
                 experiment,
                 baseline,
+                compare,
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -398,20 +485,37 @@ mod tests {
     }
 
     #[test]
+    fn without_suite_json_the_resolved_files_baseline_is_used() {
+        let mut runs = vec![
+            run("o", 1, Some("0_o.ron")),
+            run("j", 1, Some("1_j.ron")),
+            run("k", 1, Some("2_k.ron")),
+        ];
+        runs[2].resolved =
+            Some("Experiment(name: \"k\", baseline: Some(\"o\"), seeds: [1])".into());
+        let s = Suite::from_runs(runs, &[]);
+        let got: Vec<Option<&str>> = s.rows.iter().map(|r| r.baseline.as_deref()).collect();
+        assert_eq!(got, [None, Some("o"), Some("o")]);
+    }
+
+    #[test]
     fn suite_json_orders_and_names_baselines() {
         let runs = vec![run("a", 1, None), run("b", 1, None), run("c", 1, None)];
         let spec = vec![
             SuiteRowSpec {
                 experiment: "c".into(),
                 baseline: BaselineSpec::None,
+                compare: vec![],
             },
             SuiteRowSpec {
                 experiment: "a".into(),
                 baseline: BaselineSpec::Above,
+                compare: vec!["b".into(), "c".into(), "gone".into()],
             },
             SuiteRowSpec {
                 experiment: "gone".into(),
                 baseline: BaselineSpec::Above,
+                compare: vec![],
             },
         ];
         let s = Suite::from_runs(runs, &spec);
@@ -421,10 +525,13 @@ mod tests {
             .map(|r| (r.experiment.as_str(), r.baseline.as_deref()))
             .collect();
         assert_eq!(got, [("c", None), ("a", Some("c")), ("b", Some("a"))]);
+        // `c` is a's baseline already; `gone` has no run.
+        assert_eq!(s.rows[1].compare, ["b"]);
         let w = s.warnings.join("\n");
         assert!(
             w.contains("`gone`") && w.contains("does not list `b`"),
             "{w}"
         );
+        assert!(w.contains("comparison a = gone left out"), "{w}");
     }
 }

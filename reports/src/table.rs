@@ -35,20 +35,45 @@ pub enum ColumnValue {
     LastQuarterMean,
     /// The mean of `keys[0]` over the first quarter of the training steps (`1 ≤ s ≤ L/4`).
     FirstQuarterMean,
+    /// The mean of `keys[0]` over the first `n` training steps (`1 ≤ s ≤ n`): the base rate
+    /// before learning has moved it.
+    FirstStepsMean(u64),
+    /// The mean of `keys[0]` over every training step (`1 ≤ s ≤ L`): a measure that does not
+    /// saturate when the last quarter does.
+    WholeMean,
+    /// `keys[0] − keys[1]`, each the mean over the first quarter of the training steps.
+    FirstQuarterGap,
     /// The sum of `keys[0]` over every logged step (a per-step count's total).
     Total,
 }
 
 impl ColumnValue {
-    /// The training steps a quarter column averages over, for a run whose last step is
+    /// The training steps a windowed column averages over, for a run whose last step is
     /// `last`; `None` for the final-value kinds.
     pub fn steps(self, last: u64) -> Option<std::ops::RangeInclusive<u64>> {
         let q = (last / 4).max(1);
         match self {
             ColumnValue::LastQuarterMean => Some(last.saturating_sub(q) + 1..=last),
-            ColumnValue::FirstQuarterMean => Some(1..=q.min(last)),
+            ColumnValue::FirstQuarterMean | ColumnValue::FirstQuarterGap => Some(1..=q.min(last)),
+            ColumnValue::FirstStepsMean(n) => Some(1..=n.min(last)),
+            ColumnValue::WholeMean => Some(1..=last),
             ColumnValue::FirstKey | ColumnValue::Share | ColumnValue::Total => None,
         }
+    }
+
+    /// Which steps a windowed column averages over, in words (e.g. "steps 31–40 of 40").
+    fn window_words(self) -> Option<String> {
+        Some(match self {
+            ColumnValue::LastQuarterMean => {
+                "the last quarter of each run's training steps (e.g. steps 31–40 of 40)".into()
+            }
+            ColumnValue::FirstQuarterMean | ColumnValue::FirstQuarterGap => {
+                "the first quarter of each run's training steps (e.g. steps 1–10 of 40)".into()
+            }
+            ColumnValue::FirstStepsMean(n) => format!("each run's training steps 1–{n}"),
+            ColumnValue::WholeMean => "every training step of each run".into(),
+            ColumnValue::FirstKey | ColumnValue::Share | ColumnValue::Total => return None,
+        })
     }
 
     /// The mean of `key` over the [`Self::steps`] of `run`; `None` for the final-value kinds
@@ -85,8 +110,12 @@ impl Column {
             ColumnValue::FirstKey
             | ColumnValue::LastQuarterMean
             | ColumnValue::FirstQuarterMean
+            | ColumnValue::FirstStepsMean(_)
+            | ColumnValue::WholeMean
             | ColumnValue::Total => run.first_key(self.keys).is_some(),
-            ColumnValue::Share => self.keys.iter().all(|k| run.has(k)),
+            ColumnValue::Share | ColumnValue::FirstQuarterGap => {
+                self.keys.iter().all(|k| run.has(k))
+            }
         }
     }
 }
@@ -95,7 +124,7 @@ impl Column {
 pub const ACCEPT_RATE: &str = "accepted-proposal rate";
 
 /// Every column the table can have; those no run logs are left out.
-pub const COLUMNS: [Column; 18] = [
+pub const COLUMNS: [Column; 24] = [
     Column {
         header: "acc ID",
         keys: &["eval/acc_id"],
@@ -143,6 +172,12 @@ pub const COLUMNS: [Column; 18] = [
         keys: &["judge/outcome_acc"],
         kind: ColumnKind::Accuracy,
         value: ColumnValue::FirstKey,
+    },
+    Column {
+        header: "judge training samples (total)",
+        keys: &["judge/train_samples"],
+        kind: ColumnKind::Count,
+        value: ColumnValue::Total,
     },
     Column {
         header: "proposals accepted",
@@ -193,6 +228,36 @@ pub const COLUMNS: [Column; 18] = [
         value: ColumnValue::LastQuarterMean,
     },
     Column {
+        header: "train success, steps 1–5",
+        keys: &["env/acc_mean"],
+        kind: ColumnKind::Rate,
+        value: ColumnValue::FirstStepsMean(5),
+    },
+    Column {
+        header: "train success, whole run",
+        keys: &["env/acc_mean"],
+        kind: ColumnKind::Accuracy,
+        value: ColumnValue::WholeMean,
+    },
+    Column {
+        header: "right steps in training, first ¼",
+        keys: &["env/step_acc"],
+        kind: ColumnKind::Rate,
+        value: ColumnValue::FirstQuarterMean,
+    },
+    Column {
+        header: "right steps of solved episodes, first ¼",
+        keys: &["env/step_acc_solved"],
+        kind: ColumnKind::Rate,
+        value: ColumnValue::FirstQuarterMean,
+    },
+    Column {
+        header: "solved − all right steps, first ¼",
+        keys: &["env/step_acc_solved", "env/step_acc"],
+        kind: ColumnKind::Rate,
+        value: ColumnValue::FirstQuarterGap,
+    },
+    Column {
         header: "groups with outcome signal (of the used), first ¼",
         keys: &["policy/mixed_groups"],
         kind: ColumnKind::Count,
@@ -221,6 +286,19 @@ pub struct TableRow {
     pub shared_seeds: Vec<u64>,
     /// One cell per shown column: mean ± CI of `row − baseline` over shared seeds.
     pub diffs: Vec<Option<MeanCi>>,
+    /// Its further comparisons ([`Row::compare`]), in order.
+    pub more: Vec<Comparison>,
+}
+
+/// A row paired with another experiment than its baseline.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Comparison {
+    /// The other experiment.
+    pub against: String,
+    /// Seeds both have.
+    pub shared_seeds: Vec<u64>,
+    /// One cell per shown column: mean ± CI of `row − against` over shared seeds.
+    pub diffs: Vec<Option<MeanCi>>,
 }
 
 /// The ablation table.
@@ -248,28 +326,31 @@ impl Table {
                 ColumnValue::FirstKey => key_mix_note(suite, c, &mut notes),
                 ColumnValue::Share => share_note(suite, c, &mut notes),
                 ColumnValue::Total => notes.push(format!(
-                    "`{}`: the sum of `{}` over every step of each run; such episodes are scored \
-                     unsolved like the policy's failures",
-                    c.header, c.keys[0]
+                    "`{}`: the sum of `{}` over every step of each run{}",
+                    c.header,
+                    c.keys[0],
+                    if c.keys[0] == "env/failed_episodes" {
+                        "; such episodes are scored unsolved like the policy's failures"
+                    } else {
+                        ""
+                    }
                 )),
-                ColumnValue::LastQuarterMean | ColumnValue::FirstQuarterMean => {
-                    notes.push(format!(
-                        "`{}`: the mean of `{}` over the {} quarter of each run's training steps \
-                         (e.g. {} of 40), not a final value",
-                        c.header,
-                        c.keys[0],
-                        if c.value == ColumnValue::LastQuarterMean {
-                            "last"
-                        } else {
-                            "first"
-                        },
-                        if c.value == ColumnValue::LastQuarterMean {
-                            "steps 31–40"
-                        } else {
-                            "steps 1–10"
-                        }
-                    ));
-                }
+                ColumnValue::FirstQuarterGap => notes.push(format!(
+                    "`{}`: the mean of `{}` minus the mean of `{}`, each over {}",
+                    c.header,
+                    c.keys[0],
+                    c.keys[1],
+                    c.value.window_words().unwrap_or_default()
+                )),
+                ColumnValue::LastQuarterMean
+                | ColumnValue::FirstQuarterMean
+                | ColumnValue::FirstStepsMean(_)
+                | ColumnValue::WholeMean => notes.push(format!(
+                    "`{}`: the mean of `{}` over {}, not a final value",
+                    c.header,
+                    c.keys[0],
+                    c.value.window_words().unwrap_or_default()
+                )),
             }
         }
         let rows = suite
@@ -326,9 +407,11 @@ impl Table {
     }
 
     fn diff_markdown(&self) -> String {
-        let mut out = String::from(
-            "Paired difference to the baseline (row − baseline, over the seeds both have, matched by seed number; mean ± 95% CI):\n\n| experiment | baseline | shared seeds |",
-        );
+        let mut out = String::from(if self.rows.iter().any(|r| !r.more.is_empty()) {
+            "Paired difference to the baseline and to each further comparison named (row − the other, over the seeds both have, matched by seed number; mean ± 95% CI):\n\n| experiment | against | shared seeds |"
+        } else {
+            "Paired difference to the baseline (row − baseline, over the seeds both have, matched by seed number; mean ± 95% CI):\n\n| experiment | baseline | shared seeds |"
+        });
         let mut rule = String::from("|---|---|---|");
         for c in &self.columns {
             out += &format!(" Δ {} |", c.header);
@@ -336,26 +419,30 @@ impl Table {
         }
         out = out + "\n" + &rule + "\n";
         for r in &self.rows {
-            let Some(b) = &r.baseline else {
-                continue;
-            };
-            let seeds = if r.shared_seeds.is_empty() {
-                "none".to_string()
-            } else {
-                r.shared_seeds
-                    .iter()
-                    .map(u64::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            out += &format!("| {} | {b} | {seeds} |", r.experiment);
-            for (c, d) in self.columns.iter().zip(&r.diffs) {
-                out += &match d {
-                    Some(d) => format!(" {} |", diff_text(d, c, r.shared_seeds.len())),
-                    None => " – |".to_string(),
+            let base = r.baseline.as_ref().map(|b| (b, &r.shared_seeds, &r.diffs));
+            let more = r
+                .more
+                .iter()
+                .map(|m| (&m.against, &m.shared_seeds, &m.diffs));
+            for (against, shared, diffs) in base.into_iter().chain(more) {
+                let seeds = if shared.is_empty() {
+                    "none".to_string()
+                } else {
+                    shared
+                        .iter()
+                        .map(u64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 };
+                out += &format!("| {} | {against} | {seeds} |", r.experiment);
+                for (c, d) in self.columns.iter().zip(diffs) {
+                    out += &match d {
+                        Some(d) => format!(" {} |", diff_text(d, c, shared.len())),
+                        None => " – |".to_string(),
+                    };
+                }
+                out += "\n";
             }
-            out += "\n";
         }
         out
     }
@@ -421,14 +508,28 @@ fn run_value(run: &Run, c: &Column, notes: &mut Vec<String>) -> Option<f64> {
             let y = final_number(run, b, c, notes)?;
             share(x, y)
         }
-        ColumnValue::LastQuarterMean | ColumnValue::FirstQuarterMean => {
-            c.value.quarter_mean(run, c.keys[0])
+        ColumnValue::LastQuarterMean
+        | ColumnValue::FirstQuarterMean
+        | ColumnValue::FirstStepsMean(_)
+        | ColumnValue::WholeMean => c.value.quarter_mean(run, c.keys[0]),
+        ColumnValue::FirstQuarterGap => {
+            let [a, b] = c.keys else {
+                return None;
+            };
+            Some(c.value.quarter_mean(run, a)? - c.value.quarter_mean(run, b)?)
         }
         ColumnValue::Total => {
             let xs = run.series(c.keys[0]);
             (!xs.is_empty()).then(|| xs.iter().map(|(_, v)| v).sum())
         }
     }
+}
+
+/// A run's value of the column headed `header` (see [`ColumnValue`]); `None` when the run has
+/// none or no column has that header.
+pub(crate) fn column_value(run: &Run, header: &str) -> Option<f64> {
+    let c = COLUMNS.iter().find(|c| c.header == header)?;
+    run_value(run, c, &mut Vec::new())
 }
 
 /// `x / (x + y)`; `None` when the sum is not positive (no proposal resolved: undefined).
@@ -471,6 +572,18 @@ fn build_row(suite: &Suite, row: &Row, columns: &[Column], notes: &mut Vec<Strin
         Some(b) => paired(row, b, columns),
         None => (Vec::new(), vec![None; columns.len()]),
     };
+    let more = row
+        .compare
+        .iter()
+        .filter_map(|a| {
+            let (shared_seeds, diffs) = paired(row, suite.row(a)?, columns);
+            Some(Comparison {
+                against: a.clone(),
+                shared_seeds,
+                diffs,
+            })
+        })
+        .collect();
     TableRow {
         experiment: row.experiment.clone(),
         runs: row.runs.len(),
@@ -478,6 +591,7 @@ fn build_row(suite: &Suite, row: &Row, columns: &[Column], notes: &mut Vec<Strin
         baseline: row.baseline.clone(),
         shared_seeds,
         diffs,
+        more,
     }
 }
 

@@ -219,7 +219,10 @@ fn table_numbers_match_hand_computation() {
             "proposals rejected",
             "accepted-proposal rate",
             "train success, last ¼",
-            "right steps in training, last ¼"
+            "right steps in training, last ¼",
+            "train success, steps 1–5",
+            "train success, whole run",
+            "right steps in training, first ¼"
         ]
     );
     assert_eq!(t.columns[8].kind, ColumnKind::Rate);
@@ -283,15 +286,18 @@ fn table_numbers_match_hand_computation() {
         row("a_outcome_only"),
         // The last quarter of 10 steps (9, 10): env/acc_mean 0.5 + 0.02 · 9.5 + 0.01 · seed →
         // 0.70, 0.71, 0.72 (± t(2) · 0.01 / √3 = 0.025); env/step_acc 0.7 + 0.01 · 9.5.
-        "| a_outcome_only | 3 | 0.625 ± 0.311 | 0.333 ± 0.179 | – | – | – | – | 0.0 ± 0.0 | 0.0 ± 0.0 | – | **0.710 ± 0.025** | 0.795 ± 0.000 |"
+        // Steps 1–5: 0.5 + 0.02 · 3 + 0.01 · seed → 0.57, 0.58, 0.59; the whole run (1–10):
+        // 0.5 + 0.02 · 5.5 + 0.01 · seed → 0.62, 0.63, 0.64; right steps over the first
+        // quarter (steps 1, 2): 0.7 + 0.01 · 1.5.
+        "| a_outcome_only | 3 | 0.625 ± 0.311 | 0.333 ± 0.179 | – | – | – | – | 0.0 ± 0.0 | 0.0 ± 0.0 | – | **0.710 ± 0.025** | 0.795 ± 0.000 | 0.580 ± 0.025 | **0.630 ± 0.025** | 0.715 ± 0.000 |"
     );
     assert_eq!(
         row("b_policy_judge"),
-        "| b_policy_judge | 3 | 0.750 ± 0.311 | 0.417 ± 0.359 | 0.850 ± 0.124 | 0.650 ± 0.124 | – | 0.650 ± 0.635 (n=2) | 3.3 ± 3.8 | 1.0 ± 2.5 | 0.750 ± 0.621 | 0.697 ± 0.038 | 0.788 ± 0.029 |"
+        "| b_policy_judge | 3 | 0.750 ± 0.311 | 0.417 ± 0.359 | 0.850 ± 0.124 | 0.650 ± 0.124 | – | 0.650 ± 0.635 (n=2) | 3.3 ± 3.8 | 1.0 ± 2.5 | 0.750 ± 0.621 | 0.697 ± 0.038 | 0.788 ± 0.029 | 0.580 ± 0.025 | 0.623 ± 0.014 | 0.715 ± 0.000 |"
     );
     assert_eq!(
         row("c_env_gp"),
-        "| c_env_gp | 1 | **0.812 (n=1)** | **0.562 (n=1)** | **0.900 (n=1)** | **0.750 (n=1)** | 0.825 (n=1) | **0.750 (n=1)** | 3.0 (n=1) | 2.0 (n=1) | 0.600 (n=1) | 0.700 (n=1) | 0.795 (n=1) |"
+        "| c_env_gp | 1 | **0.812 (n=1)** | **0.562 (n=1)** | **0.900 (n=1)** | **0.750 (n=1)** | 0.825 (n=1) | **0.750 (n=1)** | 3.0 (n=1) | 2.0 (n=1) | 0.600 (n=1) | 0.700 (n=1) | 0.795 (n=1) | 0.570 (n=1) | 0.620 (n=1) | 0.715 (n=1) |"
     );
     assert!(
         md.contains("| b_policy_judge | a_outcome_only | 1, 2, 3 | +0.125 ± 0.538 |"),
@@ -775,4 +781,95 @@ fn panel_titles(plan: &crate::figures::Planned) -> Vec<&str> {
         .iter()
         .map(|p| p.title.as_str())
         .collect()
+}
+
+/// `--compare` pairs a row with another besides its baseline, a suite.json row's `compare`
+/// does the same, and a comparison naming no row (or the row's baseline) is left out.
+#[test]
+fn further_comparisons_from_options_and_suite_json() {
+    let out = temp_dir("compare-report");
+    let mut opts = ReportOptions::new(&out);
+    opts.compare = vec![
+        ("c_env_gp".into(), "b_policy_judge".into()),
+        ("c_env_gp".into(), "a_outcome_only".into()),
+        ("b_policy_judge".into(), "nobody".into()),
+    ];
+    // The fixture's suite.json makes a c's baseline; the option adds c − b on seed 1: final
+    // eval/acc_id 0.8125 − 0.75.
+    let s = write_report(&[fixture()], &opts).expect("report");
+    let lines = |t: &str, prefix: &str| t.lines().filter(|l| l.starts_with(prefix)).count();
+    assert!(
+        s.table
+            .contains("| c_env_gp | b_policy_judge | 1 | +0.062 (n=1) |"),
+        "{}",
+        s.table
+    );
+    assert_eq!(lines(&s.table, "| c_env_gp | a_outcome_only | 1 |"), 1);
+    assert!(s.table.contains("| experiment | against | shared seeds |"));
+    assert!(
+        s.warnings
+            .iter()
+            .any(|w| w.contains("comparison b_policy_judge = nobody left out")),
+        "{:?}",
+        s.warnings
+    );
+    // The same comparison from a suite.json beside a copy of the runs.
+    let root = temp_dir("compare-suite");
+    for e in ["a_outcome_only", "b_policy_judge", "c_env_gp"] {
+        copy_dir(&fixture().join(e), &root.join(e));
+    }
+    fs::write(
+        root.join("suite.json"),
+        r#"{"rows": [{"experiment": "a_outcome_only", "baseline": null},
+                     {"experiment": "b_policy_judge"},
+                     {"experiment": "c_env_gp", "baseline": "a_outcome_only",
+                      "compare": ["b_policy_judge"]}]}"#,
+    )
+    .expect("suite.json");
+    let s = write_report(
+        std::slice::from_ref(&root),
+        &ReportOptions::new(root.join("out")),
+    )
+    .expect("report");
+    assert!(
+        s.table
+            .contains("| c_env_gp | b_policy_judge | 1 | +0.062 (n=1) |"),
+        "{}",
+        s.table
+    );
+    let _ = fs::remove_dir_all(out);
+    let _ = fs::remove_dir_all(root);
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    fs::create_dir_all(to).expect("dir");
+    for e in fs::read_dir(from).expect("read dir").filter_map(Result::ok) {
+        let p = e.path();
+        if p.is_dir() {
+            copy_dir(&p, &to.join(e.file_name()));
+        } else {
+            fs::copy(&p, to.join(e.file_name())).expect("copy");
+        }
+    }
+}
+
+/// `seeds` keeps only those seeds' runs; none left is an error naming the seeds.
+#[test]
+fn a_report_of_some_seeds() {
+    let out = temp_dir("seeds-report");
+    let mut opts = ReportOptions::new(&out);
+    opts.seeds = Some(vec![2, 3]);
+    let s = write_report(&[fixture()], &opts).expect("report");
+    // a and b have seeds 1–3, c only seed 1.
+    assert_eq!((s.runs, s.experiments), (4, 2));
+    assert!(
+        s.table
+            .contains("| b_policy_judge | a_outcome_only | 2, 3 |"),
+        "{}",
+        s.table
+    );
+    opts.seeds = Some(vec![9]);
+    let e = write_report(&[fixture()], &opts).expect_err("no run of seed 9");
+    assert!(e.to_string().contains("[9]"), "{e}");
+    let _ = fs::remove_dir_all(out);
 }

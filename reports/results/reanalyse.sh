@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Regenerates the committed reports of the studies whose readings quote more than each row's
+# own baseline — further paired comparisons, interactions, a subset of seeds — from their
+# archived runs, with `rlany report` alone:
+#
+#   bash reports/results/reanalyse.sh [SUITE ...]      # default: all of them
+#
+# SUITE is one of: corridor-table1 corridor-table1-steps corridor-table1-quality regime-map
+# regime-desktop regime-desktop-sparse. Each archive is unpacked into a temporary folder
+# (`runs/<suite>/…`, as `rlany ablate` wrote it) and the report is written where RESULT.md
+# links it. RLANY (default: target/release/rlany, built if missing) is the binary.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+RLANY=${RLANY:-$ROOT/target/release/rlany}
+[ -x "$RLANY" ] || (cd "$ROOT" && cargo build --release --locked)
+R=$ROOT/reports/results
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+mkdir -p "$WORK/runs"
+
+unpack() { # archive...
+  for a in "$@"; do tar xzf "$a" -C "$WORK/runs"; done
+}
+# The suite's own folder for archives that hold `<experiment>/seed-n` at their top.
+unpack_into() { # suite archive
+  mkdir -p "$WORK/runs/$1" && tar xzf "$2" -C "$WORK/runs/$1"
+}
+report() { # out, then rlany report's arguments
+  local out=$1; shift
+  (cd "$WORK" && "$RLANY" report "$@" --out "$out" > "$WORK/last.txt")
+  echo "wrote $out/report.md"
+}
+
+run_suite() {
+  case $1 in
+  corridor-table1)
+    unpack_into corridor-table1 "$R/corridor-table1/runs/corridor-table1.tar.gz"
+    local p=cor_t1_
+    report "$R/corridor-table1" runs/corridor-table1 \
+      $(for r in consistency consistency_balanced threshold gp; do echo --compare ${p}$r=${p}frozen_judge; done)
+    ;;
+  corridor-table1-steps)
+    unpack_into corridor-table1-steps "$R/corridor-table1-steps/runs/corridor-table1-steps.tar.gz"
+    local p=cor_t1s_
+    local cmp="--compare ${p}frozen_judge=${p}matched_synthetic_judge --compare ${p}consistency=${p}matched_synthetic_judge --compare ${p}consistency=${p}frozen_judge"
+    report "$R/corridor-table1-steps" runs/corridor-table1-steps $cmp
+    # Seed 1 chose the learned judge's settings: the same table on seeds 2–5 alone (printed,
+    # its report not committed).
+    report "$WORK/seeds-2-5" runs/corridor-table1-steps $cmp --seeds 2,3,4,5
+    cat "$WORK/last.txt"
+    ;;
+  corridor-table1-quality)
+    unpack "$R/corridor-table1-quality/runs/corridor-table1-quality.tar.gz"
+    local p=cor_t1q_ args=()
+    for pair in twin_a=outcome_only twin_b=outcome_only judge_b_consistency=outcome_only \
+      judge_a=judge_b judge_a=outcome_only_80_steps judge_b=outcome_only_80_steps \
+      twin_a=outcome_only_80_steps twin_b=outcome_only_80_steps; do
+      args+=(--compare "$p${pair/=/=$p}")
+    done
+    report "$R/corridor-table1-quality" runs/corridor-table1-quality "${args[@]}"
+    ;;
+  regime-map)
+    for s in corridor-k10 corridor-k20 corridor-k30 household-d015 household-d035 \
+      household-d035-slack12 household-d060 household-d060-belief; do
+      unpack "$R/regime-map/runs/regime-$s.tar.gz"
+    done
+    (cd "$WORK/runs" && "$RLANY" report regime-corridor-k10 regime-corridor-k20 regime-corridor-k30 \
+      --interaction regime-corridor-k20:regime-corridor-k10 \
+      --interaction regime-corridor-k30:regime-corridor-k10 \
+      --out "$R/regime-map/corridor" > "$WORK/last.txt")
+    (cd "$WORK/runs" && "$RLANY" report regime-household-d015 regime-household-d035 \
+      regime-household-d035-slack12 regime-household-d060 \
+      --interaction regime-household-d060:regime-household-d015 \
+      --interaction regime-household-d035-slack12:regime-household-d035 \
+      --out "$R/regime-map/household-map" > "$WORK/last.txt")
+    (cd "$WORK/runs" && "$RLANY" report regime-household-d060 regime-household-d060-belief \
+      --interaction regime-household-d060-belief:regime-household-d060 \
+      --out "$R/regime-map/household-belief" > "$WORK/last.txt")
+    echo "wrote $R/regime-map/{corridor,household-map,household-belief}/report.md"
+    ;;
+  regime-desktop)
+    unpack "$R/regime-desktop/runs/regime-desktop-d025.tar.gz" "$R/regime-desktop/runs/regime-desktop-d050.tar.gz"
+    report "$R/regime-desktop/report" runs/regime-desktop-d025 runs/regime-desktop-d050 \
+      --interaction regime-desktop-d050:regime-desktop-d025
+    ;;
+  regime-desktop-sparse)
+    unpack "$R/regime-desktop-sparse/runs/regime-desktop-sparse.tar.gz"
+    report "$R/regime-desktop-sparse/report" runs/regime-desktop-sparse
+    # The step-kind reruns (printed, their report not committed).
+    unpack "$R/regime-desktop-sparse/runs/kinds.tar.gz"
+    report "$WORK/kinds" runs/regime-desktop-sparse-kinds
+    cat "$WORK/last.txt"
+    ;;
+  *)
+    echo "unknown suite $1" >&2
+    exit 2
+    ;;
+  esac
+}
+
+SUITES=("$@")
+[ ${#SUITES[@]} -gt 0 ] || SUITES=(corridor-table1 corridor-table1-steps corridor-table1-quality \
+  regime-map regime-desktop regime-desktop-sparse)
+for s in "${SUITES[@]}"; do run_suite "$s"; done

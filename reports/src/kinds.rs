@@ -1,0 +1,340 @@
+//! Kinds of step: the judge's accuracy on each kind, what the policy's steps and wrong steps
+//! are, and the runs a judge gate stopped — the tables a study of *where* credit goes reads.
+//!
+//! An environment names the kind of each step (the corridor: `borderline` and `clear` doors;
+//! household and desktop their own), and the loop logs per kind:
+//! - the judge on the fixed pool at each evaluation (`judge/eval_{bal,pos,neg}_acc/<kind>`)
+//!   and on the policy's own training steps, against the oracle
+//!   (`judge/steps_{bal,pos,neg}_acc/<kind>`);
+//! - each kind's share of all steps and of the wrong steps (`env/kind/<kind>`,
+//!   `env/wrong/<kind>`).
+//!
+//! **Judge by kind**: per experiment and kind, the pool at the first evaluation (step 0: the
+//! warm-started judge; what a `judge.gate` reads) and the last, and the policy's steps over
+//! the first and the last quarter of the training steps (as the ablation table's quarter
+//! columns); mean ± 95% CI over seeds. **Step kinds**: each kind's share over the first →
+//! last quarter, mean over seeds. **Gated out**: every run the gate stopped (its
+//! `gated.jsonl`: the step-0 line), with its pool accuracies by kind.
+
+use crate::runs::Run;
+use crate::stats::mean_ci95;
+use crate::suite::Suite;
+use crate::table::ColumnValue;
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+
+/// The judge-by-kind columns: header, key stem, how a run's value is made.
+const JUDGE: [(&str, &str, When); 8] = [
+    (
+        "pool, first eval: balanced",
+        "judge/eval_bal_acc",
+        When::FirstEval,
+    ),
+    (
+        "pool, first eval: p⁺",
+        "judge/eval_pos_acc",
+        When::FirstEval,
+    ),
+    (
+        "pool, first eval: p⁻",
+        "judge/eval_neg_acc",
+        When::FirstEval,
+    ),
+    (
+        "pool, last eval: balanced",
+        "judge/eval_bal_acc",
+        When::LastEval,
+    ),
+    (
+        "policy's steps, first ¼: balanced",
+        "judge/steps_bal_acc",
+        When::FirstQuarter,
+    ),
+    (
+        "policy's steps, first ¼: p⁺",
+        "judge/steps_pos_acc",
+        When::FirstQuarter,
+    ),
+    (
+        "policy's steps, first ¼: p⁻",
+        "judge/steps_neg_acc",
+        When::FirstQuarter,
+    ),
+    (
+        "policy's steps, last ¼: balanced",
+        "judge/steps_bal_acc",
+        When::LastQuarter,
+    ),
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum When {
+    FirstEval,
+    LastEval,
+    FirstQuarter,
+    LastQuarter,
+}
+
+/// A run's value of `key` at `when`.
+fn value(run: &Run, key: &str, when: When) -> Option<f64> {
+    match when {
+        When::FirstEval => run.series(key).first().map(|(_, v)| *v),
+        When::LastEval => run.series(key).last().map(|(_, v)| *v),
+        When::FirstQuarter => ColumnValue::FirstQuarterMean.quarter_mean(run, key),
+        When::LastQuarter => ColumnValue::LastQuarterMean.quarter_mean(run, key),
+    }
+}
+
+/// The kinds named by keys `<stem>/<kind>` of any of `stems` in `runs`, sorted.
+fn kinds<'r>(runs: impl Iterator<Item = &'r Run>, stems: &[&str]) -> Vec<String> {
+    let mut out = BTreeSet::new();
+    for r in runs {
+        for l in &r.lines {
+            for k in l.values.keys() {
+                for s in stems {
+                    if let Some(kind) = k.strip_prefix(s).and_then(|t| t.strip_prefix('/')) {
+                        out.insert(kind.to_string());
+                    }
+                }
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
+fn cell(xs: &[f64], runs: usize) -> String {
+    match mean_ci95(xs) {
+        None => "–".into(),
+        Some(m) if m.n < runs && m.n > 1 => format!("{} (n={})", m.format(3), m.n),
+        Some(m) => m.format(3),
+    }
+}
+
+/// The judge-by-kind table, if any run logs the judge by kind.
+fn judge_table(suite: &Suite) -> Option<String> {
+    let stems: Vec<&str> = JUDGE.iter().map(|(_, k, _)| *k).collect();
+    let all = kinds(suite.runs(), &stems);
+    if all.is_empty() {
+        return None;
+    }
+    let mut md = String::from("| experiment | kind |");
+    for (h, _, _) in JUDGE {
+        let _ = write!(md, " {h} |");
+    }
+    let _ = writeln!(md, "\n|---|---|{}", "---:|".repeat(JUDGE.len()));
+    for row in &suite.rows {
+        for kind in &all {
+            let cells: Vec<String> = JUDGE
+                .iter()
+                .map(|(_, stem, when)| {
+                    let key = format!("{stem}/{kind}");
+                    let xs: Vec<f64> = row
+                        .runs
+                        .iter()
+                        .filter_map(|r| value(r, &key, *when))
+                        .collect();
+                    cell(&xs, row.runs.len())
+                })
+                .collect();
+            if cells.iter().all(|c| c == "–") {
+                continue;
+            }
+            let _ = writeln!(
+                md,
+                "| {} | {kind} | {} |",
+                row.experiment,
+                cells.join(" | ")
+            );
+        }
+    }
+    md += "\nThe judge per kind of step, mean ± 95% CI over seeds (`(n=k)`: only k runs have the value — a kind with no wrong step in a window has no p⁻ and no balanced accuracy there). Pool: the fixed labelled pool at the first evaluation (step 0, the warm-started judge: what a `judge.gate` reads) and at the last (`judge/eval_*_acc/<kind>`, majority of the votes). Policy's steps: the judge's verdicts on the policy's own training steps against the oracle, averaged over the first and the last quarter of the training steps (`judge/steps_*_acc/<kind>`).\n";
+    Some(md)
+}
+
+/// The share-of-steps tables (`env/kind/`, `env/wrong/`), if any run logs them.
+fn share_tables(suite: &Suite) -> String {
+    let mut md = String::new();
+    for (stem, what) in [
+        ("env/wrong", "each kind's share of the wrong steps"),
+        ("env/kind", "each kind's share of all steps"),
+    ] {
+        let all = kinds(suite.runs(), &[stem]);
+        if all.is_empty() {
+            continue;
+        }
+        let _ = writeln!(
+            md,
+            "What the policy's training steps are — {what} (`{stem}/<kind>`), first quarter → last quarter of the training steps, mean over seeds:\n"
+        );
+        let _ = writeln!(
+            md,
+            "| experiment | {} |\n|---|{}",
+            all.join(" | "),
+            "---|".repeat(all.len())
+        );
+        for row in &suite.rows {
+            let cells: Vec<String> = all
+                .iter()
+                .map(|k| {
+                    let key = format!("{stem}/{k}");
+                    let mean = |when| {
+                        let xs: Vec<f64> = row
+                            .runs
+                            .iter()
+                            .filter_map(|r| value(r, &key, when))
+                            .collect();
+                        (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64)
+                    };
+                    match (mean(When::FirstQuarter), mean(When::LastQuarter)) {
+                        (Some(a), Some(b)) => format!("{a:.3} → {b:.3}"),
+                        _ => "–".into(),
+                    }
+                })
+                .collect();
+            if cells.iter().any(|c| c != "–") {
+                let _ = writeln!(md, "| {} | {} |", row.experiment, cells.join(" | "));
+            }
+        }
+        md += "\n";
+    }
+    md
+}
+
+/// The runs a gate stopped, and for each row that had one every seed's step-0 pool accuracy
+/// by kind (what the gate read), passed or not.
+fn gated_list(suite: &Suite, gated: &[Run]) -> String {
+    if gated.is_empty() {
+        return String::new();
+    }
+    let step0 = |r: &Run| -> String {
+        let vals: Vec<String> = kinds(std::iter::once(r), &["judge/eval_bal_acc"])
+            .iter()
+            .filter_map(|k| {
+                let v = value(r, &format!("judge/eval_bal_acc/{k}"), When::FirstEval)?;
+                Some(format!("{k} {v:.3}"))
+            })
+            .collect();
+        if vals.is_empty() {
+            "not logged".into()
+        } else {
+            vals.join(", ")
+        }
+    };
+    let mut md = String::from(
+        "Gated out (`judge.gate`: the warm-started judge's pool accuracy outside the gate's range at its step-0 evaluation; such a run stopped before its first PPO step, is in no table above, and its step-0 line is its `gated.jsonl`). Every seed's step-0 pool balanced accuracy by kind, in the rows that lost a seed:\n\n",
+    );
+    let mut names: Vec<&str> = gated.iter().map(|r| r.experiment.as_str()).collect();
+    names.dedup();
+    for name in names {
+        let mut seeds: Vec<(Option<u64>, String)> = gated
+            .iter()
+            .filter(|r| r.experiment == name)
+            .map(|r| (r.seed, format!("{} **gated out**", step0(r))))
+            .collect();
+        if let Some(row) = suite.row(name) {
+            seeds.extend(row.runs.iter().map(|r| (r.seed, step0(r))));
+        }
+        seeds.sort_by_key(|(s, _)| *s);
+        let cells: Vec<String> = seeds
+            .iter()
+            .map(|(s, v)| format!("seed {}: {v}", s.map_or("?".into(), |s| s.to_string())))
+            .collect();
+        let _ = writeln!(md, "- {name}: {}", cells.join("; "));
+    }
+    md + "\n"
+}
+
+/// The step-kind section (Markdown), empty when no run logs a kind and no run was gated out.
+pub(crate) fn markdown(suite: &Suite, gated: &[Run]) -> String {
+    let mut md = String::new();
+    if let Some(t) = judge_table(suite) {
+        md += &t;
+        md += "\n";
+    }
+    md += &share_tables(suite);
+    md += &gated_list(suite, gated);
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runs::{Meta, MetricsLine};
+    use std::collections::BTreeMap;
+    use std::path::PathBuf;
+
+    fn run(exp: &str, seed: u64, lines: Vec<(u64, Vec<(&str, f64)>)>) -> Run {
+        Run {
+            dir: PathBuf::from(format!("/x/{exp}/seed-{seed}")),
+            experiment: exp.into(),
+            seed: Some(seed),
+            meta: Meta::default(),
+            lines: lines
+                .into_iter()
+                .map(|(step, kv)| MetricsLine {
+                    step,
+                    values: kv
+                        .into_iter()
+                        .map(|(k, v)| (k.to_string(), Some(v)))
+                        .collect::<BTreeMap<_, _>>(),
+                })
+                .collect(),
+            adaptation: None,
+            posterior: None,
+            resolved: None,
+            warnings: vec![],
+        }
+    }
+
+    /// Eight steps: quarters are steps 1–2 and 7–8; evaluations at 0 and 8.
+    fn judged(seed: u64, pool0: f64, early: f64, late: f64) -> Run {
+        let mut lines = vec![(0, vec![("judge/eval_bal_acc/borderline", pool0)])];
+        for s in 1..=8 {
+            let v = if s <= 2 { early } else { late };
+            lines.push((
+                s,
+                vec![
+                    ("judge/steps_bal_acc/borderline", v),
+                    ("env/wrong/borderline", 1.0),
+                    ("env/kind/clear", s as f64 / 10.0),
+                ],
+            ));
+        }
+        lines.push((8, vec![("judge/eval_bal_acc/borderline", pool0 + 0.1)]));
+        run("j", seed, lines)
+    }
+
+    #[test]
+    fn judge_by_kind_shares_and_gated_runs_by_hand() {
+        let runs = vec![judged(1, 0.8, 0.6, 0.7), judged(2, 0.9, 0.8, 0.9)];
+        let suite = Suite::from_runs(runs, &[]);
+        let gated = vec![run(
+            "j",
+            3,
+            vec![(0, vec![("judge/eval_bal_acc/borderline", 0.495)])],
+        )];
+        let md = markdown(&suite, &gated);
+        // Pool first eval: 0.8, 0.9 → 0.850 ± t(1)·0.0707 = 0.850 ± 0.635; last: 0.950.
+        // Steps, first quarter (steps 1–2): 0.6, 0.8 → 0.700; last quarter (7–8): 0.7, 0.9.
+        assert!(
+            md.contains("| j | borderline | 0.850 ± 0.635 | – | – | 0.950 ± 0.635 | 0.700 ± 1.271 | – | – | 0.800 ± 1.271 |"),
+            "{md}"
+        );
+        // env/kind/clear: steps 1–2 mean 0.15, steps 7–8 mean 0.75.
+        assert!(md.contains("| j | 0.150 → 0.750 |"), "{md}");
+        assert!(md.contains("| j | 1.000 → 1.000 |"), "{md}");
+        assert!(
+            md.contains("- j: seed 1: borderline 0.800; seed 2: borderline 0.900; seed 3: borderline 0.495 **gated out**"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn nothing_without_kinds() {
+        let suite = Suite::from_runs(
+            vec![run("o", 1, vec![(1, vec![("env/acc_mean", 0.5)])])],
+            &[],
+        );
+        assert_eq!(markdown(&suite, &[]), "");
+    }
+}
