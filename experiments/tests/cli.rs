@@ -33,8 +33,9 @@ fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// reports/perf/device.sh stays runnable on a CPU (`BACKENDS=ndarray QUICK=1 ANCHOR=0`):
-/// every step runs, one merged JSON holds every workload, and the report is written.
+/// reports/perf/device.sh stays runnable on a CPU (`BACKENDS=ndarray QUICK=1 ANCHOR=0`, the
+/// loop step on the quickstart): every step runs, one merged JSON holds every workload, the
+/// training run's metrics come back, and the report is written.
 #[test]
 fn the_device_script_runs_on_the_cpu() {
     let _cpu = shared_cpu();
@@ -53,12 +54,30 @@ fn the_device_script_runs_on_the_cpu() {
         .env("ANCHOR", "0")
         .env("CAP", "240")
         .env("DEADLINE", "1200")
+        // The loop step (on a GPU: SmolLM2 + LoRA), here the quickstart kept tiny.
+        .env("TRAIN", "1")
+        .env("TRAIN_FILE", "experiments/quickstart.ron")
+        .env(
+            "TRAIN_TINY",
+            "--set budget.tasks_per_step=4 --set budget.group_size=4 --set budget.eval_tasks=16",
+        )
+        .env(
+            "TRAIN_SET",
+            "--set budget.steps=2 --set budget.eval_every=2 --set budget.eval_tasks=16 --set policy.warm_start.steps=5",
+        )
         .status()
         .expect("bash runs");
     let log = std::fs::read_to_string(out.join("device.log")).unwrap_or_default();
     assert!(status.success(), "device.sh failed:\n{log}");
     assert!(!log.contains("exited"), "a step failed:\n{log}");
     assert!(log.contains("] done"), "the script did not finish:\n{log}");
+    assert!(
+        log.contains("train: tiny steps done") && log.contains("train: 3 metrics lines"),
+        "the loop step:\n{log}"
+    );
+    let train = std::fs::read_to_string(out.join("train-metrics.jsonl")).expect("train metrics");
+    assert_eq!(train.lines().count(), 3, "steps 0–2:\n{train}");
+    assert!(!out.join("train").exists(), "the run folders are removed");
     let json: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(out.join("ndarray.json")).expect("ndarray.json"),
     )

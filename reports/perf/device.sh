@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One device run of every benchmark: `rlany bench --kernels` and `--models` on CUDA and WGPU
 # and the PyTorch anchor, side by side on the same GPU, then `rlany report --bench` over all
-# of it. Everything lands in $OUT (at most 8 files: the device's tool returns no more).
+# of it; with TRAIN=1, first the closed loop itself on the GPU (SmolLM2 + LoRA). Everything lands in $OUT (at most 8 files: the device's tool returns no more).
 #
 # Prepared here (the device has no cargo), in the checkout's root:
 #   CUDARC_CUDA_VERSION=13000 cargo build --release -p rlany --features cuda
 #   mkdir -p bench-anchor && cp target/release/rlany bench-anchor/rlany-cuda
 #   cargo build --release -p rlany --features wgpu && cp target/release/rlany bench-anchor/rlany-wgpu
 #   cp <the PyTorch anchor script> bench-anchor/torch_anchor.py
+#   (a binary too large for a call may travel as `bench-anchor/rlany-cuda.xz`: unpacked there)
 #   (and the Vulkan loader packages in .gl/ for WGPU: see the device tool's README)
 # Run there with `carry: ["bench-anchor", ".gl"]`:
 #   bash reports/perf/device.sh
@@ -19,6 +20,18 @@
 #   QUICK=1   the --quick model sizes (CPU)
 #   CAP       seconds per step (default 90); DEADLINE seconds for everything (default 540)
 #   ANCHOR=0  skips PyTorch; ANCHOR_CAP seconds for it (default 180)
+#   TRAIN=1   first, the loop itself on the first backend of BACKENDS: TRAIN_FILE (default
+#             experiments/pretrained/smollm2_arith.ron, SmolLM2 + LoRA, policy and judge)
+#             for 2 steps at a tiny size (does a training step complete?), then at its own
+#             size for TRAIN_CAP seconds (default 150; does it learn?); both runs' output
+#             in $OUT/train.log, the learning run's metrics in $OUT/train-metrics.jsonl.
+#             The GGUF (98 MB: more than one call's 64 MiB) is put back from
+#             `$DIR/model.part*` when the file the experiment names is missing: `split -n 2`
+#             it here, carry one part per call (carry names the file path, e.g.
+#             `bench-anchor/model.partaa`, so the next call keeps the first) in two calls made
+#             back to back on the warm machine, the second running this script.
+#             TRAIN_SET: extra `--set` arguments for both runs (e.g. the dtype); TRAIN_TINY:
+#             the tiny run's (default: 4 tasks × 4 rollouts, 16 eval tasks, 2 judge steps).
 set -u
 # Started directly, not by `cargo run`: the allocator setting of .cargo/config.toml by hand.
 export MIMALLOC_PURGE_DELAY=${MIMALLOC_PURGE_DELAY:--1}
@@ -49,9 +62,54 @@ if [ -d .gl ] && ls .gl/*.deb >/dev/null 2>&1; then
     export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
 fi
 
+# A binary carried xz-compressed (a stripped CUDA build is large for one call's 64 MiB) is
+# unpacked beside itself first.
+for z in "$DIR"/rlany*.xz; do
+    [ -f "$z" ] && [ ! -x "${z%.xz}" ] || continue
+    python3 -c "import lzma,shutil,sys;shutil.copyfileobj(lzma.open(sys.argv[1]),open(sys.argv[2],'wb'))" \
+        "$z" "${z%.xz}" && chmod +x "${z%.xz}" && say "unpacked ${z%.xz}"
+done
+
 binary() { # the rlany binary of a backend
     if [ -x "$DIR/rlany-$1" ]; then echo "$DIR/rlany-$1"; else echo "$DIR/rlany"; fi
 }
+
+# The loop on the device: a tiny 2-step run, then a capped learning run (TRAIN=1).
+if [ -n "${TRAIN:-}" ]; then
+    TRAIN_FILE=${TRAIN_FILE:-experiments/pretrained/smollm2_arith.ron}
+    TRAIN_CAP=${TRAIN_CAP:-150}
+    TRAIN_TINY=${TRAIN_TINY:---set budget.tasks_per_step=4 --set budget.group_size=4 --set budget.eval_tasks=16 --set judge.warm_start.steps=2}
+    be=${BACKENDS%% *}
+    bin=$(binary "$be")
+    model=$(sed -n 's/.*path: "\(models\/pretrained\/[^"]*\.gguf\)".*/\1/p' "$TRAIN_FILE" | head -1)
+    if [ -n "$model" ] && [ ! -f "$model" ] && ls "$DIR"/model.part* >/dev/null 2>&1; then
+        mkdir -p "$(dirname "$model")"
+        cat "$DIR"/model.part* >"$model"
+        say "train: $model put back from its parts, sha256 $(sha256sum "$model" | cut -c1-16)…"
+    fi
+    # shellcheck disable=SC2086 # TRAIN_SET is a list of arguments
+    t=$(cap); say "train: $TRAIN_FILE on $be, 2 tiny steps (cap ${t}s)"
+    echo "== tiny: 2 steps" >"$OUT/train.log"
+    timeout "$t" "$bin" run "$TRAIN_FILE" --backend "$be" --no-progress --runs-dir "$OUT/train-tiny" \
+        --stop-after 2 $TRAIN_TINY ${TRAIN_SET:-} \
+        >>"$OUT/train.log" 2>&1 && say "train: tiny steps done" || say "train: tiny exited $?"
+    m=$(find "$OUT/train-tiny" -name metrics.jsonl 2>/dev/null | head -1)
+    say "train: tiny run wrote $(cat "$m" 2>/dev/null | wc -l) metrics lines"
+    rm -rf "$OUT/train-tiny"
+    t=$(cap); [ "$t" -gt "$TRAIN_CAP" ] && t=$TRAIN_CAP
+    say "train: learning run (cap ${t}s)"
+    echo "== learning run, cap ${t}s" >>"$OUT/train.log"
+    # shellcheck disable=SC2086
+    timeout "$t" "$bin" run "$TRAIN_FILE" --backend "$be" --no-progress --runs-dir "$OUT/train" \
+        --set budget.checkpoint_every=1000 ${TRAIN_SET:-} >>"$OUT/train.log" 2>&1
+    rc=$?
+    # A capped run ends by timeout (124): what it wrote is the measurement.
+    [ $rc = 0 ] || [ $rc = 124 ] || say "train: learning run exited $rc"
+    m=$(find "$OUT/train" -name metrics.jsonl 2>/dev/null | head -1)
+    [ -n "$m" ] && cp "$m" "$OUT/train-metrics.jsonl"
+    rm -rf "$OUT/train"
+    say "train: $(cat "$OUT/train-metrics.jsonl" 2>/dev/null | wc -l) metrics lines in the learning run"
+fi
 
 # Model workloads one at a time, so each gets its own cap; rollouts use the anchor's 3
 # repeats (after one warm-up), the PPO steps 5, as torch_anchor.py does.
