@@ -123,7 +123,8 @@ enum Command {
     },
     /// A report from run directories: report.md with the ablation table (mean ± 95% CI over
     /// seeds, paired differences) and SVG figures (accuracy, judge, diagnostics,
-    /// difficulty, GP posterior, backend comparison).
+    /// difficulty, GP posterior, backend comparison). Given `rlany judge-fit` study folders
+    /// (holding `cells/`), rewrites their reports in place.
     Report {
         /// Run directories, or folders holding them (a suite's runs folder, `runs/`).
         #[arg(required_unless_present = "bench")]
@@ -259,6 +260,22 @@ fn dispatch(cli: Cli) -> Result<()> {
             interaction,
             seeds,
         } => {
+            // A `rlany judge-fit` study (its `cells/`): its report is rewritten in place.
+            let fits: Vec<&PathBuf> = paths.iter().filter(|p| p.join("cells").is_dir()).collect();
+            if !fits.is_empty() && fits.len() == paths.len() && bench.is_empty() {
+                if out.is_some() {
+                    return Err(UsageError(
+                        "a judge-fit study's report is written into its own folder; drop --out"
+                            .into(),
+                    )
+                    .into());
+                }
+                for p in fits {
+                    let written = rlany_reports::learnability::write(p)?;
+                    println!("wrote {}", written.display());
+                }
+                return Ok(());
+            }
             let out = match (out, paths.first(), bench.first()) {
                 (Some(o), _, _) => o,
                 (None, Some(p), _) => p.clone(),

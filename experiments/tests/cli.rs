@@ -895,3 +895,46 @@ fn report_takes_comparisons_and_seeds() {
     assert!(err.contains("joined by `=`"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `rlany report` on a `rlany judge-fit` study folder rewrites its report from its cells
+/// (here a copy of the committed household study); `--out` is refused there.
+#[test]
+fn report_rewrites_a_judge_fit_study() {
+    let _cpu = shared_cpu();
+    let dir = scratch("report-judge-fit");
+    let cells = dir.join("cells");
+    std::fs::create_dir_all(&cells).expect("cells dir");
+    let src = repo_root().join("reports/results/judge-learnability/household-new/cells");
+    for e in std::fs::read_dir(&src)
+        .expect("committed cells")
+        .filter_map(Result::ok)
+    {
+        std::fs::copy(e.path(), cells.join(e.file_name())).expect("copy cell");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_rlany"))
+        .arg("report")
+        .arg(&dir)
+        .output()
+        .expect("rlany report runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let md = std::fs::read_to_string(dir.join("report.md")).expect("report.md");
+    // Household's kinds, not the corridor's: no borderline column, a by-kind table.
+    assert!(
+        md.contains("policy's steps, all (logit)") && !md.contains("borderline (logit)"),
+        "{md}"
+    );
+    assert!(md.contains("| off_plan |"), "{md}");
+    assert!(dir.join("figures/learnability.svg").exists());
+    let refused = Command::new(env!("CARGO_BIN_EXE_rlany"))
+        .arg("report")
+        .arg(&dir)
+        .args(["--out", "/tmp/elsewhere"])
+        .output()
+        .expect("rlany report runs");
+    assert_eq!(refused.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
+}

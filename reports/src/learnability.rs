@@ -105,6 +105,7 @@ const COLUMNS: &[(&str, &str, bool)] = &[
         true,
     ),
     ("pool, all (logit)", "pool/logit_bal_acc", true),
+    ("policy's steps, all (logit)", "policy/logit_bal_acc", true),
     (
         "policy's steps, borderline",
         "policy/logit_bal_acc/borderline",
@@ -152,32 +153,33 @@ pub fn write(dir: &Path) -> Result<PathBuf, ReportError> {
          over seeds [each seed].\n",
         cells.len()
     );
+    // The columns some cell has (the corridor's kinds are not every environment's).
+    let columns: Vec<&(&str, &str, bool)> = COLUMNS
+        .iter()
+        .filter(|(_, key, _)| cells.iter().any(|c| c.last(key).is_some()))
+        .collect();
     let _ = write!(md, "| labels | noise | kept step (epoch) |");
-    for (h, _, _) in COLUMNS {
+    for (h, _, _) in &columns {
         let _ = write!(md, " {h} |");
     }
     let _ = writeln!(md);
-    let _ = writeln!(md, "|{}", "---|".repeat(3 + COLUMNS.len()));
+    let _ = writeln!(md, "|{}", "---|".repeat(3 + columns.len()));
     for ((labels, noise), g) in &groups {
         let steps: Vec<String> = g
             .iter()
             .map(|c| format!("{} ({:.1})", c.best_step, c.epoch(c.best_step as f64)))
             .collect();
         let _ = write!(md, "| {labels} | {noise} | {} |", steps.join(", "));
-        for (_, key, kept) in COLUMNS {
+        for (_, key, kept) in &columns {
             let vals: Vec<f64> = g
                 .iter()
                 .filter_map(|c| if *kept { c.best(key) } else { c.last(key) })
                 .collect();
-            let each: Vec<String> = vals.iter().map(|v| format!("{v:.2}")).collect();
-            let cell = match mean_ci95(&vals) {
-                Some(m) if vals.len() > 1 => format!("{} [{}]", m.format(3), each.join(", ")),
-                _ => each.join(", "),
-            };
-            let _ = write!(md, " {cell} |");
+            let _ = write!(md, " {} |", values_cell(&vals));
         }
         let _ = writeln!(md);
     }
+    md += &by_kind(&groups);
     let figures = dir.join("figures");
     std::fs::create_dir_all(&figures).map_err(io(&figures))?;
     let fig = curves(&groups);
@@ -189,21 +191,109 @@ pub fn write(dir: &Path) -> Result<PathBuf, ReportError> {
     };
     let _ = writeln!(
         md,
-        "\n![{}]({})\n\nEach panel: one cell; a line per seed — solid, the held-out borderline \
-         balanced accuracy (pool, logit readout); dashed, the share of the *flipped* training \
-         labels the judge agrees with (memorisation; 0 for a judge that learned the rule, 1 \
-         for one that memorised its labels); a diamond at the kept checkpoint. x: epochs over \
-         the training labels.",
+        "\n![{}]({})\n\nEach panel: one cell; a line per seed — solid, the held-out {} \
+         balanced accuracy (pool, logit readout: `{}`); dashed, the share of the *flipped* \
+         training labels the judge agrees with (memorisation; 0 for a judge that learned the \
+         rule, 1 for one that memorised its labels); a diamond at the kept checkpoint. x: \
+         epochs over the training labels.",
         file.title,
-        rel(&file.svg)
+        rel(&file.svg),
+        if curve_key(&groups).ends_with("borderline") {
+            "borderline"
+        } else {
+            "(every step)"
+        },
+        curve_key(&groups)
     );
     let path = dir.join("report.md");
     std::fs::write(&path, md).map_err(io(&path))?;
     Ok(path)
 }
 
+/// Mean ± CI and every seed's value: `0.850 ± 0.127 [0.80, 0.90]`.
+fn values_cell(vals: &[f64]) -> String {
+    let each: Vec<String> = vals.iter().map(|v| format!("{v:.2}")).collect();
+    match mean_ci95(vals) {
+        Some(m) if vals.len() > 1 => format!("{} [{}]", m.format(3), each.join(", ")),
+        _ => each.join(", "),
+    }
+}
+
+/// The kept checkpoint's accuracy by kind of step (`<source>/logit_(pos|neg)_acc/<kind>`:
+/// right-step kinds have p⁺, wrong-step kinds p⁻, a kind of both both), every kind any cell
+/// logs; empty when none does.
+fn by_kind(groups: &[((usize, f64), Vec<&Cell>)]) -> String {
+    let mut kinds: Vec<String> = groups
+        .iter()
+        .flat_map(|(_, g)| g.iter())
+        .flat_map(|c| c.points.iter().flat_map(|p| p.keys()))
+        .filter_map(|k| {
+            ["pool/logit_pos_acc/", "pool/logit_neg_acc/"]
+                .iter()
+                .find_map(|pre| k.strip_prefix(pre))
+                .map(str::to_string)
+        })
+        .collect();
+    kinds.sort();
+    kinds.dedup();
+    if kinds.is_empty() {
+        return String::new();
+    }
+    let heads = [
+        ("pool: right steps (p⁺)", "pool/logit_pos_acc"),
+        ("pool: wrong steps (p⁻)", "pool/logit_neg_acc"),
+        ("policy's steps: p⁺", "policy/logit_pos_acc"),
+        ("policy's steps: p⁻", "policy/logit_neg_acc"),
+    ];
+    let mut md = String::from(
+        "\nBy kind of step, at the kept checkpoint (logit readout): the accuracy on the right steps (p⁺) and on the wrong steps (p⁻) of each kind the environment names, on the pool and on the policy's own rollouts; mean ± 95% CI [each seed]; – where a kind has no such step.\n\n| labels | noise | kind |",
+    );
+    for (h, _) in heads {
+        let _ = write!(md, " {h} |");
+    }
+    let _ = writeln!(md, "\n|---|---|---|{}", "---:|".repeat(heads.len()));
+    for ((labels, noise), g) in groups {
+        for kind in &kinds {
+            let cells: Vec<String> = heads
+                .iter()
+                .map(|(_, stem)| {
+                    let key = format!("{stem}/{kind}");
+                    let vals: Vec<f64> = g.iter().filter_map(|c| c.best(&key)).collect();
+                    if vals.is_empty() {
+                        "–".into()
+                    } else {
+                        values_cell(&vals)
+                    }
+                })
+                .collect();
+            let _ = writeln!(
+                md,
+                "| {labels} | {noise} | {kind} | {} |",
+                cells.join(" | ")
+            );
+        }
+    }
+    md
+}
+
+/// The key the figure's solid lines follow: the pool's borderline balanced accuracy where
+/// cells log it (the corridor), else the pool's balanced accuracy over every step.
+fn curve_key(groups: &[((usize, f64), Vec<&Cell>)]) -> &'static str {
+    let border = "pool/logit_bal_acc/borderline";
+    if groups
+        .iter()
+        .flat_map(|(_, g)| g.iter())
+        .any(|c| c.last(border).is_some())
+    {
+        border
+    } else {
+        "pool/logit_bal_acc"
+    }
+}
+
 /// The learning-curve figure: a panel per cell, rows by noise, columns by label count.
 fn curves(groups: &[((usize, f64), Vec<&Cell>)]) -> Figure {
+    let key = curve_key(groups);
     let mut labels: Vec<usize> = groups.iter().map(|((l, _), _)| *l).collect();
     labels.sort_unstable();
     labels.dedup();
@@ -230,7 +320,7 @@ fn curves(groups: &[((usize, f64), Vec<&Cell>)]) -> Figure {
                 };
                 layers.push(Layer::Line {
                     color: colour(c.seed),
-                    points: series("pool/logit_bal_acc/borderline"),
+                    points: series(key),
                     dashed: false,
                     dots: false,
                 });
@@ -240,7 +330,7 @@ fn curves(groups: &[((usize, f64), Vec<&Cell>)]) -> Figure {
                     dashed: true,
                     dots: false,
                 });
-                if let Some(v) = c.best("pool/logit_bal_acc/borderline") {
+                if let Some(v) = c.best(key) {
                     layers.push(Layer::Markers {
                         color: colour(c.seed),
                         shape: Shape::Diamond,
@@ -262,7 +352,14 @@ fn curves(groups: &[((usize, f64), Vec<&Cell>)]) -> Figure {
         .iter()
         .map(|&s| LegendEntry {
             swatch: Swatch::Line(colour(s)),
-            label: format!("seed {s}: held-out borderline (pool)"),
+            label: format!(
+                "seed {s}: held-out {} (pool)",
+                if key.ends_with("borderline") {
+                    "borderline"
+                } else {
+                    "balanced"
+                }
+            ),
         })
         .collect();
     legend.push(LegendEntry {
@@ -328,6 +425,36 @@ mod tests {
         // The last step's column: 0.60 and 0.55.
         assert!(md.contains("[0.60, 0.55]"), "{md}");
         assert!(dir.join("figures/learnability.svg").exists());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// An environment without the corridor's kinds (household's: `progress` right steps,
+    /// `off_plan` wrong ones): no borderline column, the balanced accuracy over every step,
+    /// and a by-kind table of p⁺ and p⁻.
+    #[test]
+    fn other_kinds_get_their_own_table() {
+        let dir = std::env::temp_dir().join(format!("rlany-learn-kinds-{}", std::process::id()));
+        let cells = dir.join("cells");
+        std::fs::create_dir_all(&cells).expect("dir");
+        for (seed, pos) in [(1, 0.8), (2, 0.6)] {
+            let text = format!(
+                r#"{{"cell": {{"labels": 40, "noise": 0.0}}, "seed": {seed}, "train": 32, "val": 8, "batch": 32, "best_step": 5, "points": [{{"step": 5, "pool/logit_bal_acc": 0.7, "policy/logit_bal_acc": 0.75, "pool/logit_pos_acc/progress": {pos}, "pool/logit_neg_acc/off_plan": 0.5, "train/agree_flipped": 0.2}}]}}"#
+            );
+            std::fs::write(cells.join(format!("s{seed}.json")), text).expect("write");
+        }
+        let md = std::fs::read_to_string(write(&dir).expect("report")).expect("read");
+        assert!(!md.contains("borderline (logit)"), "{md}");
+        assert!(md.contains("policy's steps, all (logit)"), "{md}");
+        // p⁺ of progress: 0.8 and 0.6 → 0.700 ± 12.706 · 0.1 = 1.271.
+        assert!(
+            md.contains("| 40 | 0 | progress | 0.700 ± 1.271 [0.80, 0.60] | – | – | – |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| 40 | 0 | off_plan | – | 0.500 ± 0.000 [0.50, 0.50] | – | – |"),
+            "{md}"
+        );
+        assert!(md.contains("`pool/logit_bal_acc`"), "{md}");
         std::fs::remove_dir_all(&dir).ok();
     }
 }
