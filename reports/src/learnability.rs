@@ -228,7 +228,12 @@ fn by_kind(groups: &[((usize, f64), Vec<&Cell>)]) -> String {
         .flat_map(|(_, g)| g.iter())
         .flat_map(|c| c.points.iter().flat_map(|p| p.keys()))
         .filter_map(|k| {
-            ["pool/logit_pos_acc/", "pool/logit_neg_acc/"]
+            [
+                "pool/logit_pos_acc/",
+                "pool/logit_neg_acc/",
+                "policy/logit_pos_acc/",
+                "policy/logit_neg_acc/",
+            ]
                 .iter()
                 .find_map(|pre| k.strip_prefix(pre))
                 .map(str::to_string)
