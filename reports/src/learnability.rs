@@ -234,9 +234,9 @@ fn by_kind(groups: &[((usize, f64), Vec<&Cell>)]) -> String {
                 "policy/logit_pos_acc/",
                 "policy/logit_neg_acc/",
             ]
-                .iter()
-                .find_map(|pre| k.strip_prefix(pre))
-                .map(str::to_string)
+            .iter()
+            .find_map(|pre| k.strip_prefix(pre))
+            .map(str::to_string)
         })
         .collect();
     kinds.sort();
