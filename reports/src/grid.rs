@@ -220,31 +220,17 @@ fn grid_eval<'r>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runs::Meta;
-    use std::path::PathBuf;
 
     /// One metrics line: its step and `(key, value)` pairs.
     type Line<'a> = (u64, &'a [(&'a str, Option<f64>)]);
 
     /// A run of experiment `exp` from its lines.
     fn run(exp: &str, seed: u64, lines: &[Line<'_>]) -> Run {
-        Run {
-            dir: PathBuf::from(format!("/x/{exp}/seed-{seed}")),
-            experiment: exp.into(),
-            seed: Some(seed),
-            meta: Meta::default(),
-            lines: lines
-                .iter()
-                .map(|(step, kv)| MetricsLine {
-                    step: *step,
-                    values: kv.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
-                })
-                .collect(),
-            adaptation: None,
-            posterior: None,
-            resolved: None,
-            warnings: vec![],
-        }
+        crate::runs::test_run(
+            exp,
+            seed,
+            lines.iter().map(|(s, kv)| (*s, kv.iter().copied())),
+        )
     }
 
     #[test]

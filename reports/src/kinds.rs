@@ -103,11 +103,7 @@ fn kinds<'r>(runs: impl Iterator<Item = &'r Run>, stems: &[&str]) -> Vec<String>
 }
 
 fn cell(xs: &[f64], runs: usize) -> String {
-    match mean_ci95(xs) {
-        None => "–".into(),
-        Some(m) if m.n < runs && m.n > 1 => format!("{} (n={})", m.format(3), m.n),
-        Some(m) => m.format(3),
-    }
+    mean_ci95(xs).map_or("–".into(), |m| crate::table::mean_text(&m, 3, runs))
 }
 
 /// The judge-by-kind table, if any run logs the judge by kind.
@@ -259,31 +255,15 @@ pub(crate) fn markdown(suite: &Suite, gated: &[Run]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runs::{Meta, MetricsLine};
-    use std::collections::BTreeMap;
-    use std::path::PathBuf;
 
     fn run(exp: &str, seed: u64, lines: Vec<(u64, Vec<(&str, f64)>)>) -> Run {
-        Run {
-            dir: PathBuf::from(format!("/x/{exp}/seed-{seed}")),
-            experiment: exp.into(),
-            seed: Some(seed),
-            meta: Meta::default(),
-            lines: lines
+        crate::runs::test_run(
+            exp,
+            seed,
+            lines
                 .into_iter()
-                .map(|(step, kv)| MetricsLine {
-                    step,
-                    values: kv
-                        .into_iter()
-                        .map(|(k, v)| (k.to_string(), Some(v)))
-                        .collect::<BTreeMap<_, _>>(),
-                })
-                .collect(),
-            adaptation: None,
-            posterior: None,
-            resolved: None,
-            warnings: vec![],
-        }
+                .map(|(s, kv)| (s, kv.into_iter().map(|(k, v)| (k, Some(v))))),
+        )
     }
 
     /// Eight steps: quarters are steps 1–2 and 7–8; evaluations at 0 and 8.

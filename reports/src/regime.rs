@@ -375,18 +375,24 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn one_point_per_arm_and_baseline_in_base_success_order() {
-        // Two suites (easy: base 0.6; sparse: base 0.1), each with outcome-only and a judge arm.
+    /// Two suites (folders `easy`: base 0.6; `sparse`: base 0.1), each with outcome-only and a
+    /// judge arm, seeds 1–2.
+    fn two_suites() -> Suite {
         let mut runs = Vec::new();
         for seed in [1, 2] {
             let s = seed as f64 / 100.0;
-            runs.push(run("easy_o", "0_outcome_only", seed, 0.6, 0.7 + s));
-            runs.push(run("easy_j", "2_judge", seed, 0.6, 0.72 + s));
-            runs.push(run("sparse_o", "0_outcome_only", seed, 0.1, 0.2 + s));
-            runs.push(run("sparse_j", "2_judge", seed, 0.1, 0.5 + 2.0 * s));
+            for (suite, exp, file, start, end) in [
+                ("easy", "easy_o", "0_outcome_only", 0.6, 0.7 + s),
+                ("easy", "easy_j", "2_judge", 0.6, 0.72 + s),
+                ("sparse", "sparse_o", "0_outcome_only", 0.1, 0.2 + s),
+                ("sparse", "sparse_j", "2_judge", 0.1, 0.5 + 2.0 * s),
+            ] {
+                let mut r = run(exp, file, seed, start, end);
+                r.dir = PathBuf::from(format!("/runs/{suite}/{exp}/seed-{seed}"));
+                runs.push(r);
+            }
         }
-        let suite = Suite::from_runs(
+        Suite::from_runs(
             runs,
             &spec(&[
                 ("easy_o", None),
@@ -394,7 +400,12 @@ mod tests {
                 ("sparse_o", None),
                 ("sparse_j", Some("sparse_o")),
             ]),
-        );
+        )
+    }
+
+    #[test]
+    fn one_point_per_arm_and_baseline_in_base_success_order() {
+        let suite = two_suites();
         let table = Table::build(&suite);
         let arms = arms(&suite, &table).expect("a regime");
         assert_eq!(arms.len(), 1);
@@ -424,29 +435,7 @@ mod tests {
 
     #[test]
     fn interaction_is_the_difference_of_paired_gains() {
-        let mut runs = Vec::new();
-        for seed in [1, 2] {
-            let s = seed as f64 / 100.0;
-            for (suite, exp, file, start, end) in [
-                ("easy", "easy_o", "0_outcome_only", 0.6, 0.7 + s),
-                ("easy", "easy_j", "2_judge", 0.6, 0.72 + s),
-                ("sparse", "sparse_o", "0_outcome_only", 0.1, 0.2 + s),
-                ("sparse", "sparse_j", "2_judge", 0.1, 0.5 + 2.0 * s),
-            ] {
-                let mut r = run(exp, file, seed, start, end);
-                r.dir = PathBuf::from(format!("/runs/{suite}/{exp}/seed-{seed}"));
-                runs.push(r);
-            }
-        }
-        let suite = Suite::from_runs(
-            runs,
-            &spec(&[
-                ("easy_o", None),
-                ("easy_j", Some("easy_o")),
-                ("sparse_o", None),
-                ("sparse_j", Some("sparse_o")),
-            ]),
-        );
+        let suite = two_suites();
         // Gains (last quarter): sparse 0.3 + s, easy 0.02 → 0.29, 0.30: 0.295 ± 12.706·0.005.
         let pairs = [("sparse".to_string(), "easy".to_string())];
         let (md, w) = interactions(&suite, &pairs);

@@ -461,6 +461,33 @@ fn read_optional<T: for<'de> Deserialize<'de>>(
         .map(Some)
 }
 
+/// A run of experiment `exp` (folder `/x/<exp>/seed-<seed>`, no other file) from its metrics
+/// lines, each a step and its `(key, value)` pairs — for the report modules' unit tests.
+#[cfg(test)]
+pub(crate) fn test_run<'k>(
+    exp: &str,
+    seed: u64,
+    lines: impl IntoIterator<Item = (u64, impl IntoIterator<Item = (&'k str, Option<f64>)>)>,
+) -> Run {
+    Run {
+        dir: PathBuf::from(format!("/x/{exp}/seed-{seed}")),
+        experiment: exp.into(),
+        seed: Some(seed),
+        meta: Meta::default(),
+        lines: lines
+            .into_iter()
+            .map(|(step, kv)| MetricsLine {
+                step,
+                values: kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            })
+            .collect(),
+        adaptation: None,
+        posterior: None,
+        resolved: None,
+        warnings: vec![],
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;

@@ -272,11 +272,7 @@ fn resolve_baseline(
 /// The `baseline` its `resolved.ron` names (the experiment file's own choice), for a row no
 /// `suite.json` lists: a suite's runs copied without their `suite.json` keep their pairing.
 fn resolved_baseline(run: &Run) -> Option<String> {
-    let text = run.resolved.as_deref()?;
-    let v: ron::Value = ron::Options::default()
-        .with_default_extension(ron::extensions::Extensions::UNWRAP_VARIANT_NEWTYPES)
-        .from_str(text)
-        .ok()?;
+    let v = crate::sweep::parse_resolved(run.resolved.as_deref()?).ok()?;
     let ron::Value::Map(fields) = v else {
         return None;
     };

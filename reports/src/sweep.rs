@@ -108,11 +108,11 @@ fn flatten(v: &ron::Value, path: &str, out: &mut Vec<(String, f64)>) {
     }
 }
 
-/// The numeric settings of a `resolved.ron` text (see the module docs for the paths), read
-/// with the `ron` crate's untyped [`ron::Value`]; an error names the line and column where the
-/// text stops being RON.
-pub fn parse_settings(text: &str) -> Result<Settings, String> {
-    let v: ron::Value = ron::Options::default()
+/// A `resolved.ron` text as the `ron` crate's untyped [`ron::Value`] (newtype variants
+/// unwrapped, as the experiment files write them); an error names the line and column where
+/// the text stops being RON.
+pub(crate) fn parse_resolved(text: &str) -> Result<ron::Value, String> {
+    ron::Options::default()
         .with_default_extension(ron::extensions::Extensions::UNWRAP_VARIANT_NEWTYPES)
         .from_str(text)
         .map_err(|e| {
@@ -120,7 +120,13 @@ pub fn parse_settings(text: &str) -> Result<Settings, String> {
                 "line {}, column {}: {}",
                 e.position.line, e.position.col, e.code
             )
-        })?;
+        })
+}
+
+/// The numeric settings of a `resolved.ron` text (see the module docs for the paths), read
+/// with [`parse_resolved`].
+pub fn parse_settings(text: &str) -> Result<Settings, String> {
+    let v = parse_resolved(text)?;
     let mut out = Vec::new();
     match &v {
         ron::Value::Map(fields) => {

@@ -473,7 +473,13 @@ fn digits(c: &Column) -> usize {
 }
 
 fn cell_text(m: &MeanCi, c: &Column, runs: usize) -> String {
-    let text = m.format(digits(c));
+    mean_text(m, digits(c), runs)
+}
+
+/// `mean ± half-width` to `digits` decimals, with `(n=k)` when only k of `runs` runs (k > 1)
+/// have the value.
+pub(crate) fn mean_text(m: &MeanCi, digits: usize, runs: usize) -> String {
+    let text = m.format(digits);
     if m.n < runs && m.n > 1 {
         format!("{text} (n={})", m.n)
     } else {
