@@ -5,10 +5,10 @@
 #
 #   bash reports/results/reanalyse.sh [SUITE ...]      # default: all of them
 #
-# SUITE is one of: corridor-table1 corridor-table1-steps corridor-table1-quality regime-map
-# regime-desktop regime-desktop-sparse. Each archive is unpacked into a temporary folder
-# (`runs/<suite>/…`, as `rlany ablate` wrote it) and the report is written where RESULT.md
-# links it. RLANY (default: target/release/rlany, built if missing) is the binary.
+# SUITE is one of: corridor-table1 corridor-table1-steps corridor-table1-quality
+# corridor-table1-quality-stage2 regime-map regime-desktop regime-desktop-sparse. Each archive
+# is unpacked into a temporary folder (`runs/<suite>/…`, as `rlany ablate` wrote it) and the
+# report is written where RESULT.md links it. RLANY (default: target/release/rlany, built if missing) is the binary.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 RLANY=${RLANY:-$ROOT/target/release/rlany}
@@ -59,6 +59,14 @@ run_suite() {
     done
     report "$R/corridor-table1-quality" runs/corridor-table1-quality "${args[@]}"
     ;;
+  corridor-table1-quality-stage2)
+    # Stage 2's rows are paired with stage 1's: both suites in one report (the experiment
+    # files' `compare` lists hold the comparisons beyond each row's baseline).
+    unpack "$R/corridor-table1-quality/runs/corridor-table1-quality.tar.gz" \
+      "$R/corridor-table1-quality-stage2/runs/corridor-table1-quality-stage2.tar.gz"
+    report "$R/corridor-table1-quality-stage2" runs/corridor-table1-quality \
+      runs/corridor-table1-quality-stage2
+    ;;
   regime-map)
     for s in corridor-k10 corridor-k20 corridor-k30 household-d015 household-d035 \
       household-d035-slack12 household-d060 household-d060-belief; do
@@ -100,5 +108,5 @@ run_suite() {
 
 SUITES=("$@")
 [ ${#SUITES[@]} -gt 0 ] || SUITES=(corridor-table1 corridor-table1-steps corridor-table1-quality \
-  regime-map regime-desktop regime-desktop-sparse)
+  corridor-table1-quality-stage2 regime-map regime-desktop regime-desktop-sparse)
 for s in "${SUITES[@]}"; do run_suite "$s"; done
