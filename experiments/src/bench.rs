@@ -311,6 +311,7 @@ where
                     "per_unit": l.per_unit,
                     "unit": if l.per_layer.is_some() { "decoded token" } else { "step" },
                     "per_layer_per_token": l.per_layer,
+                    "outside_layers_per_token": l.outside_layers,
                     "by_kernel": by_kernel,
                 })
             });
@@ -385,8 +386,11 @@ fn print_launches(rows: &[crate::bench_models::ModelRow]) {
     for (r, l) in counted {
         match l.per_layer {
             Some(per_layer) => println!(
-                "{:<18} {:>8.1} per decoded token, {:.1} per layer per token",
-                r.name, l.per_unit, per_layer
+                "{:<18} {:>8.1} per decoded token: {:.1} per layer, {:.1} outside the layers",
+                r.name,
+                l.per_unit,
+                per_layer,
+                l.outside_layers.unwrap_or(0.0)
             ),
             None => println!("{:<18} {:>8.0} per PPO step", r.name, l.per_unit),
         }

@@ -333,25 +333,24 @@ pub(crate) struct ModelRow {
 pub(crate) struct Launches {
     /// Launches per decoded token (rollouts) or per step (PPO steps).
     pub per_unit: f64,
-    /// Per decoded token and layer (rollouts).
+    /// Rollouts: what one layer launches per decoded token — the difference between this
+    /// model and a one-layer model of the same shape over the layers between them (so the
+    /// embedding, the final norm, the head and the sampling are not in it).
     pub per_layer: Option<f64>,
+    /// Rollouts: what a decoded token launches outside the layers (`per_unit − layers ·
+    /// per_layer`).
+    pub outside_layers: Option<f64>,
     /// By kernel name, per unit, most launched first.
     pub by_kernel: Vec<(String, f64)>,
 }
 
 impl Launches {
-    /// From the launches of two measurements `a` (of `units_a` units) and `b` (`units_b >
-    /// units_a`): the difference per unit; `layers` for rollouts.
-    fn between(
-        a: &BTreeMap<String, u64>,
-        b: &BTreeMap<String, u64>,
-        units: f64,
-        layers: Option<usize>,
-    ) -> Self {
+    /// From launch counts `a` and `b` (later): the difference per unit.
+    fn between(a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>, units: f64) -> Self {
         let mut by_kernel: Vec<(String, f64)> = b
             .iter()
             .map(|(k, &n)| {
-                let before = a.get(k).copied().unwrap_or(0) as f64;
+                let before = a.get(k).copied().unwrap_or(0).min(n) as f64;
                 (k.clone(), (n as f64 - before) / units)
             })
             .filter(|(_, n)| *n != 0.0)
@@ -360,8 +359,23 @@ impl Launches {
         let per_unit = by_kernel.iter().map(|(_, n)| n).sum::<f64>();
         Self {
             per_unit,
-            per_layer: layers.map(|l| per_unit / l as f64),
+            per_layer: None,
+            outside_layers: None,
             by_kernel,
+        }
+    }
+
+    /// These per-token counts of a `layers`-layer model split with those of a one-layer
+    /// model of the same shape (`one`): per layer and outside the layers.
+    fn with_layers(self, one: &Self, layers: usize) -> Self {
+        let per_layer = match layers {
+            0 | 1 => self.per_unit,
+            l => (self.per_unit - one.per_unit) / (l - 1) as f64,
+        };
+        Self {
+            per_layer: Some(per_layer),
+            outside_layers: Some(self.per_unit - layers as f64 * per_layer),
+            ..self
         }
     }
 }
@@ -513,28 +527,43 @@ fn rollout<B: AttentionOps>(
     if !count || sampled < 2 {
         return Ok((ms, None));
     }
-    // Rollouts of `half` and `sampled` tokens, each once untimed (its own shapes' first
-    // launches and autotuning), then counted: the difference is what the tokens between
-    // them launched.
+    // Launches per decoded token: rollouts of `half` and `sampled` tokens, each once untimed
+    // (its own shapes' first launches and autotuning), then counted; the difference is what
+    // the tokens between them launched.
     let half = sampled / 2;
-    let mut launched = |n: usize| -> Result<BTreeMap<String, u64>> {
-        let params = SampleParams {
-            max_new_tokens: n,
-            ..params.clone()
+    let per_token = |model: &Transformer<B>, rng: &mut Rng| -> Result<Launches> {
+        let mut launched = |n: usize| -> Result<BTreeMap<String, u64>> {
+            let params = SampleParams {
+                max_new_tokens: n,
+                ..params.clone()
+            };
+            drop(model.generate(&prompts, &params, rng));
+            let before = launch_counts::<B>(device)?;
+            drop(model.generate(&prompts, &params, rng));
+            let after = launch_counts::<B>(device)?;
+            Ok(after
+                .into_iter()
+                .map(|(k, n)| {
+                    let since = n - before.get(&k).copied().unwrap_or(0).min(n);
+                    (k, since)
+                })
+                .collect())
         };
-        drop(model.generate(&prompts, &params, &mut rng));
-        let before = launch_counts::<B>(device)?;
-        drop(model.generate(&prompts, &params, &mut rng));
-        let after = launch_counts::<B>(device)?;
-        Ok(after
-            .iter()
-            .map(|(k, &v)| (k.clone(), v - before.get(k).copied().unwrap_or(0).min(v)))
-            .collect())
+        let (short, long) = (launched(half)?, launched(sampled)?);
+        Ok(Launches::between(&short, &long, (sampled - half) as f64))
     };
-    let (short, long) = (launched(half)?, launched(sampled)?);
-    let units = (sampled - half) as f64;
-    let launches = Launches::between(&short, &long, units, Some(wl.shape.layers));
-    Ok((ms, Some(launches)))
+    let full = per_token(&model, &mut rng)?;
+    // The same count on one layer of the same shape separates the layers' launches from
+    // the embedding's, the head's and the sampling's.
+    let one_layer = Workload {
+        shape: Shape {
+            layers: 1,
+            ..wl.shape
+        },
+        ..wl.clone()
+    };
+    let one = per_token(&self::model::<B>(device, &one_layer, dtype)?, &mut rng)?;
+    Ok((ms, Some(full.with_layers(&one, wl.shape.layers))))
 }
 
 /// Median ms of `reps` PPO steps (one warm-up first), the rows split into `shards` groups
@@ -622,7 +651,7 @@ where
         B::sync(device).map_err(|e| anyhow::anyhow!("device sync: {e}"))?;
         if let Some(before) = before {
             let after = launch_counts::<B>(device)?;
-            counted = Some(Launches::between(&before, &after, 1.0, None));
+            counted = Some(Launches::between(&before, &after, 1.0));
         } else if i > 0 {
             times.push(start.elapsed().as_secs_f64() * 1e3);
         }

@@ -1,16 +1,21 @@
 //! Kernel launches per decoded token on WGPU (in CI, the CPU's Vulkan driver): a count, not
 //! a timing, so a change that adds launches to the decode shows here on any machine. The GPU
-//! path is launch-bound (issue 61: ≈ 46 launches per layer per decoded token on the H200);
-//! the bound below is today's count on the tiny workload (50.0 per layer per token on
-//! 2026-12-06; `R_small@quick` counts 45.0, `rlany bench --models --quick --launches --backend
-//! wgpu`), to be lowered as kernels are fused.
+//! path was launch-bound (issue 61: ≈ 46 launches per layer per decoded token on the H200).
+//! With the fused decode step (rlany-kernels `decode`: add + RMSNorm, rotary with the QKV
+//! biases and the KV write, the cached attention, the sampling, one launch each) a layer
+//! launches 12 kernels per decoded token: its seven products, two norms, the rotary and
+//! write, the attention and the gated product — on 2026-12-06 the tiny workload counts 56 per
+//! decoded token, 12.0 per layer and 8.0 outside the layers (embedding, final norm, head,
+//! mask, sampling; `rlany bench --models --quick --launches --backend wgpu`); before, 200
+//! per token (50 per layer, then measured as the whole token's launches over the layers).
+//! The bound below is the issue's target.
 //!
 //! Its own test binary: CubeCL reads its configuration once per process, and the counter
 //! must set it before the first device exists.
 #![cfg(feature = "wgpu")]
 
 /// Launches per layer per decoded token that the tiny rollout may not exceed.
-const BOUND_PER_LAYER: f64 = 50.0;
+const BOUND_PER_LAYER: f64 = 12.0;
 
 #[test]
 fn decoding_launches_at_most_the_stated_kernels_per_layer_and_token() {
@@ -44,7 +49,8 @@ fn decoding_launches_at_most_the_stated_kernels_per_layer_and_token() {
         .unwrap_or_else(|| panic!("no launch count: {row}"));
     let kinds = launches["by_kernel"].as_object().map_or(0, |m| m.len());
     eprintln!(
-        "C_tiny_R@quick on wgpu: {per_layer:.1} launches per layer per decoded token, {kinds} kernels"
+        "C_tiny_R@quick on wgpu: {per_layer:.1} launches per layer per decoded token, {kinds} kernels: {}",
+        launches["by_kernel"]
     );
     // The counter sees the decode at all (every layer launches several kernels per token)…
     assert!(per_layer >= 4.0 && kinds >= 3, "{launches}");

@@ -82,9 +82,10 @@ pub trait AttentionOps: Backend {
 
     /// [`grouped_attention`](Self::grouped_attention) over the first `keys` positions of a
     /// KV cache's buffers, read where they lie, for inference (no backward); `None` where the
-    /// backend has no such path (the default; the GPU backends and `Autodiff`), and the
-    /// caller narrows the buffers and calls `grouped_attention`. The CPU backend overrides
-    /// it with [`crate::cached_attention::cached_attention_host`].
+    /// backend has no such path (the default; `Autodiff`), and the caller narrows the buffers
+    /// and calls `grouped_attention`. The CPU backends override it with
+    /// [`crate::cached_attention::cached_attention_host`], the Cube backends with one kernel
+    /// ([`crate::decode`]).
     ///
     /// # Shapes
     /// - `q`: `[batch, kv_heads, group * seq, head_dim]`, scaled
@@ -138,6 +139,71 @@ pub trait AttentionOps: Backend {
             float(sin),
         ))
     }
+    /// Whether [`cached_attention`](Self::cached_attention) serves every decode step's
+    /// attention (one new position per row), not only the packed-weight path of `rlany
+    /// generate`: true on the Cube backends, whose decode step is launch-bound; false on the
+    /// CPU backends, where a run's numbers stay the composition's.
+    const DECODE_KERNELS: bool = false;
+
+    /// The residual add and the RMSNorm after it ([`crate::decode`]): `(sum, normed)` with
+    /// `sum = x + residual` (`x` when there is none) and `normed = sum / √(mean(sum²) + ε) ⊙
+    /// γ`. By default the composition ([`crate::decode::reference_add_rms_norm`], Burn's
+    /// `RmsNorm` op for op); one pass on the Cube backends (no backward there: `Autodiff<B>`
+    /// keeps the default).
+    ///
+    /// # Shapes
+    /// - `x`, `residual`: `[batch, seq, d]`; `gamma`: `[d]`
+    /// - outputs: `[batch, seq, d]` each
+    fn add_rms_norm(
+        x: FloatTensor<Self>,
+        residual: Option<FloatTensor<Self>>,
+        gamma: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        crate::decode::default_add_rms_norm::<Self>(x, residual, gamma, epsilon)
+    }
+
+    /// The projections' biases (where given), rotary positions on new queries (then scaled by
+    /// `1/√head_dim`, their heads folded into rows per K/V head) and keys, and the keys and
+    /// values written into the KV cache's buffers at positions `at..` ([`crate::decode`]). By default the composition
+    /// ([`crate::decode::reference_rotary_cache_write`]); one pass on the Cube backends,
+    /// writing the buffers in place where they are not shared (inference only).
+    ///
+    /// # Shapes
+    /// - `[q, k, v]`: `[batch, seq, heads · head_dim]`, `[batch, seq, kv_heads · head_dim]` ×2
+    /// - `bias`: each `[its projection's width]`
+    /// - `[cos, sin]`: `[batch or 1, 1, seq, head_dim / 2]`
+    /// - `[k_buffer, v_buffer]`: `[batch, kv_heads, capacity, head_dim]`, `at + seq ≤ capacity`
+    /// - outputs: queries `[batch, kv_heads, group · seq, head_dim]`, then the two buffers
+    fn rotary_cache_write(
+        qkv: [FloatTensor<Self>; 3],
+        bias: [Option<FloatTensor<Self>>; 3],
+        angles: [FloatTensor<Self>; 2],
+        buffers: [FloatTensor<Self>; 2],
+        at: usize,
+        heads: crate::decode::Heads,
+    ) -> [FloatTensor<Self>; 3] {
+        crate::decode::default_rotary_cache_write::<Self>(qkv, bias, angles, buffers, at, heads)
+    }
+
+    /// One token per row drawn from `[rows, vocab]` logits, and its log-probability, on the
+    /// device without a running sum over the whole vocabulary ([`crate::decode`]): greedy
+    /// (no `uniforms`, or `temperature` 0) the first id of the largest logit; otherwise the
+    /// first id whose running sum of `exp((x − max) / temperature)` exceeds `uniforms[row]`
+    /// times the total. Returns `[rows, 2]` f32 (id, `log_softmax(x)[id]` untempered), or
+    /// `None` where the backend has no such kernel (the default: the caller composes it).
+    ///
+    /// # Shapes
+    /// - `logits`: `[rows, vocab]`; `uniforms`: `[rows]` in `[0, 1)`
+    /// - output: `[rows, 2]`
+    fn sample_rows(
+        _logits: FloatTensor<Self>,
+        _uniforms: Option<FloatTensor<Self>>,
+        _temperature: f64,
+    ) -> Option<FloatTensor<Self>> {
+        None
+    }
+
     /// `x · wᵀ` with `w` in quantized blocks ([`crate::packed`]), or `None` where this
     /// backend has no such product (the caller then multiplies by the dense weights, the
     /// reference twin). CPU backends compute it on the host ([`crate::packed_matmul_host`]);

@@ -13,6 +13,8 @@ use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 
 use crate::attention::AttentionOps;
+use crate::decode::Heads;
+use crate::ops::float;
 use crate::ops::{KlStats, LogProbOps};
 
 type Handles<B> =
@@ -102,8 +104,253 @@ impl<B: FusionBackend + LogProbOps> Operation<B::FusionRuntime> for KlBwd<B> {
     }
 }
 
-/// The default composition, in fused operations.
-impl<B: FusionBackend + LogProbOps> AttentionOps for Fusion<B> {}
+/// Which decode op a [`DecodeOp`] runs, with its non-tensor arguments.
+#[derive(Clone, Debug)]
+enum DecodeKind {
+    /// Inputs `[x, (residual,) gamma]`; outputs `[(sum,) normed]`.
+    Norm { residual: bool, epsilon: f64 },
+    /// Inputs `[q, k, v, (bias q, k, v where given), cos, sin, k_buffer, v_buffer]`; outputs
+    /// the same three as the op.
+    Rotary {
+        at: usize,
+        heads: Heads,
+        bias: [bool; 3],
+    },
+    /// Inputs `[q, k_buffer, v_buffer, (bias)]`; output the attention's.
+    Attention { keys: usize, group: usize },
+    /// Inputs `[logits, (uniforms)]`; output `[rows, 2]`.
+    Sample { temperature: f64 },
+}
+
+/// One op of the fused decode step ([`crate::decode`]) in the fusion stream, run by the inner
+/// backend's kernels when the stream executes.
+#[derive(Clone, Debug)]
+struct DecodeOp<B> {
+    desc: CustomOpIr,
+    kind: DecodeKind,
+    _b: PhantomData<B>,
+}
+
+impl<B: FusionBackend + LogProbOps> Operation<B::FusionRuntime> for DecodeOp<B> {
+    fn execute(&self, handles: &mut Handles<B>) {
+        let mut inputs: Vec<FloatTensor<B>> = self
+            .desc
+            .inputs
+            .iter()
+            .map(|t| handles.get_float_tensor::<B>(t))
+            .collect();
+        let outputs: Vec<FloatTensor<B>> = match self.kind {
+            DecodeKind::Norm { residual, epsilon } => {
+                let gamma = inputs.pop().expect("gamma");
+                let r = residual.then(|| inputs.pop().expect("residual"));
+                let x = inputs.pop().expect("x");
+                let (sum, normed) = B::add_rms_norm(x, r, gamma, epsilon);
+                if residual {
+                    vec![sum, normed]
+                } else {
+                    vec![normed]
+                }
+            }
+            DecodeKind::Rotary { at, heads, bias } => {
+                let mut inputs = inputs.into_iter();
+                let mut next = || inputs.next().expect("an input per tensor of the op");
+                let qkv = [next(), next(), next()];
+                let bias = bias.map(|given| given.then(&mut next));
+                let angles = [next(), next()];
+                let buffers = [next(), next()];
+                B::rotary_cache_write(qkv, bias, angles, buffers, at, heads).into()
+            }
+            DecodeKind::Attention { keys, group } => {
+                let bias = (inputs.len() == 4).then(|| inputs.pop().expect("bias"));
+                let [q, kb, vb]: [FloatTensor<B>; 3] = inputs
+                    .try_into()
+                    .unwrap_or_else(|_| unreachable!("three inputs"));
+                let out = B::cached_attention(
+                    q.clone(),
+                    kb.clone(),
+                    vb.clone(),
+                    keys,
+                    bias.clone(),
+                    group,
+                )
+                .unwrap_or_else(|| {
+                    // The kernel does not serve this shape: the composition over the filled
+                    // positions.
+                    let narrow = |t| crate::ops::into_prim(float::<B, 4>(t).narrow(2, 0, keys));
+                    B::grouped_attention(q, narrow(kb), narrow(vb), bias, group)
+                });
+                vec![out]
+            }
+            DecodeKind::Sample { temperature } => {
+                let uniforms = (inputs.len() == 2).then(|| inputs.pop().expect("uniforms"));
+                let logits = inputs.pop().expect("logits");
+                vec![
+                    B::sample_rows(logits, uniforms, temperature)
+                        .expect("a backend with decode kernels samples on the device"),
+                ]
+            }
+        };
+        for (ir, t) in self.desc.outputs.iter().zip(outputs) {
+            handles.register_float_tensor::<B>(&ir.id, t);
+        }
+    }
+}
+
+/// Registers a decode op: `outputs` are `(shape, dtype)` of each output.
+fn decode_op<B: FusionBackend + LogProbOps>(
+    name: &'static str,
+    inputs: Vec<FloatTensor<Fusion<B>>>,
+    outputs: &[(Shape, DType)],
+    kind: DecodeKind,
+) -> Vec<FloatTensor<Fusion<B>>> {
+    let client = inputs[0].client.clone();
+    let streams = OperationStreams::with_inputs(inputs.iter());
+    let outs: Vec<TensorIr> = outputs
+        .iter()
+        .map(|(shape, dtype)| TensorIr::uninit(client.create_empty_handle(), shape.clone(), *dtype))
+        .collect();
+    let inputs: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
+    let desc = CustomOpIr::new(name, &inputs, &outs);
+    let op = DecodeOp::<B> {
+        desc: desc.clone(),
+        kind,
+        _b: PhantomData,
+    };
+    client.register(streams, OperationIr::Custom(desc), op)
+}
+
+/// The decode step's ops as custom operations that run the inner backend's kernels; the
+/// training ops keep the default composition, in fused operations.
+impl<B: FusionBackend + LogProbOps> AttentionOps for Fusion<B> {
+    const DECODE_KERNELS: bool = B::DECODE_KERNELS;
+
+    fn add_rms_norm(
+        x: FloatTensor<Self>,
+        residual: Option<FloatTensor<Self>>,
+        gamma: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        if !B::DECODE_KERNELS {
+            return crate::decode::default_add_rms_norm::<Self>(x, residual, gamma, epsilon);
+        }
+        let out = (x.shape.clone(), x.dtype);
+        match residual {
+            Some(r) => {
+                let mut outs = decode_op::<B>(
+                    "rlany_add_rms_norm",
+                    vec![x, r, gamma],
+                    &[out.clone(), out],
+                    DecodeKind::Norm {
+                        residual: true,
+                        epsilon,
+                    },
+                );
+                let normed = outs.pop().expect("normed");
+                (outs.pop().expect("sum"), normed)
+            }
+            None => {
+                let normed = decode_op::<B>(
+                    "rlany_rms_norm",
+                    vec![x.clone(), gamma],
+                    &[out],
+                    DecodeKind::Norm {
+                        residual: false,
+                        epsilon,
+                    },
+                )
+                .remove(0);
+                (x, normed)
+            }
+        }
+    }
+
+    fn rotary_cache_write(
+        qkv: [FloatTensor<Self>; 3],
+        bias: [Option<FloatTensor<Self>>; 3],
+        angles: [FloatTensor<Self>; 2],
+        buffers: [FloatTensor<Self>; 2],
+        at: usize,
+        heads: Heads,
+    ) -> [FloatTensor<Self>; 3] {
+        if !B::DECODE_KERNELS {
+            return crate::decode::default_rotary_cache_write::<Self>(
+                qkv, bias, angles, buffers, at, heads,
+            );
+        }
+        let [batch, seq] = [qkv[0].shape[0], qkv[0].shape[1]];
+        let group = heads.heads / heads.kv_heads;
+        let q_shape = Shape::new([batch, heads.kv_heads, group * seq, heads.head_dim]);
+        let outputs = [
+            (q_shape, qkv[0].dtype),
+            (buffers[0].shape.clone(), buffers[0].dtype),
+            (buffers[1].shape.clone(), buffers[1].dtype),
+        ];
+        let given = bias.each_ref().map(Option::is_some);
+        let inputs: Vec<_> = qkv
+            .into_iter()
+            .chain(bias.into_iter().flatten())
+            .chain(angles)
+            .chain(buffers)
+            .collect();
+        decode_op::<B>(
+            "rlany_rotary_cache_write",
+            inputs,
+            &outputs,
+            DecodeKind::Rotary {
+                at,
+                heads,
+                bias: given,
+            },
+        )
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("three outputs"))
+    }
+
+    fn cached_attention(
+        q: FloatTensor<Self>,
+        k_buffer: FloatTensor<Self>,
+        v_buffer: FloatTensor<Self>,
+        keys: usize,
+        bias: Option<FloatTensor<Self>>,
+        group: usize,
+    ) -> Option<FloatTensor<Self>> {
+        if !B::DECODE_KERNELS {
+            return None;
+        }
+        let out = (q.shape.clone(), q.dtype);
+        let inputs: Vec<_> = [q, k_buffer, v_buffer].into_iter().chain(bias).collect();
+        Some(
+            decode_op::<B>(
+                "rlany_cached_attention",
+                inputs,
+                &[out],
+                DecodeKind::Attention { keys, group },
+            )
+            .remove(0),
+        )
+    }
+
+    fn sample_rows(
+        logits: FloatTensor<Self>,
+        uniforms: Option<FloatTensor<Self>>,
+        temperature: f64,
+    ) -> Option<FloatTensor<Self>> {
+        if !B::DECODE_KERNELS {
+            return None;
+        }
+        let out = (Shape::new([logits.shape[0], 2]), DType::F32);
+        let inputs: Vec<_> = [logits].into_iter().chain(uniforms).collect();
+        Some(
+            decode_op::<B>(
+                "rlany_sample_rows",
+                inputs,
+                &[out],
+                DecodeKind::Sample { temperature },
+            )
+            .remove(0),
+        )
+    }
+}
 
 impl<B: FusionBackend + LogProbOps> LogProbOps for Fusion<B> {
     fn stat_dtype(logits_dtype: DType) -> DType {

@@ -21,6 +21,10 @@ use cubecl_common::config::logger::LogCrateLevel;
 /// Launches by kernel name since [`count_launches`] (names as CubeCL formats them).
 static COUNTS: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
 
+/// Launches with a grid of no cube (a zero in a static cube count) by kernel name, since
+/// [`watch_grids`].
+static EMPTY_GRIDS: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
+
 /// Why launches cannot be counted in this process.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum LaunchCountError {
@@ -48,6 +52,13 @@ impl log::Log for Counter {
         if let Some(name) = line.strip_prefix("Executing ") {
             let mut counts = COUNTS.lock().unwrap_or_else(|p| p.into_inner());
             *counts.entry(name.to_string()).or_default() += 1;
+        } else if let Some((name, grid)) = launch_with_grid(&line) {
+            let mut counts = COUNTS.lock().unwrap_or_else(|p| p.into_inner());
+            *counts.entry(name.to_string()).or_default() += 1;
+            if grid.is_some_and(|g| g.contains(&0)) {
+                let mut empty = EMPTY_GRIDS.lock().unwrap_or_else(|p| p.into_inner());
+                *empty.entry(name.to_string()).or_default() += 1;
+            }
         }
     }
 
@@ -56,6 +67,29 @@ impl log::Log for Counter {
 
 static COUNTER: Counter = Counter;
 
+/// A launch record of CubeCL's `full` profiling level, `| <time> | <kernel>: <id> CubeCount
+/// (x, y, z)` (the id's display spans lines): the kernel's name and its static grid (`None`
+/// for a grid read from a device buffer).
+fn launch_with_grid(line: &str) -> Option<(&str, Option<[u32; 3]>)> {
+    let (head, count) = line.rsplit_once(" CubeCount ")?;
+    let (_time, launch) = head.strip_prefix("| ")?.split_once(" | ")?;
+    let name = launch.split_once(": ").map_or(launch, |(n, _)| n);
+    let count = count.trim();
+    let grid = count
+        .strip_prefix("Static")
+        .unwrap_or(count)
+        .strip_prefix('(')
+        .and_then(|r| r.strip_suffix(')'))
+        .and_then(|inner| {
+            let dims: Vec<u32> = inner
+                .split(',')
+                .filter_map(|d| d.trim().parse().ok())
+                .collect();
+            <[u32; 3]>::try_from(dims).ok()
+        });
+    Some((name, grid))
+}
+
 /// Starts counting every kernel launch of the process's Cube devices. Call it before the
 /// first Cube device is created.
 ///
@@ -63,10 +97,36 @@ static COUNTER: Counter = Counter;
 /// [`LaunchCountError::Logger`] if another `log` logger is installed,
 /// [`LaunchCountError::Configured`] if CubeCL's configuration was already read.
 pub fn count_launches() -> Result<(), LaunchCountError> {
+    start(ProfilingLogLevel::Minimal)
+}
+
+/// Starts counting launches as [`count_launches`] does and also records each launch's grid
+/// ([`empty_grids`]): CubeCL's `full` profiling level, which times every launch (a device
+/// synchronisation each: slow, for tests). A launch of no cube is what the CUDA driver
+/// refuses (`CUDA_ERROR_INVALID_VALUE`) and the CPU's Vulkan driver runs as a no-op, so this
+/// is how a test on WGPU sees one.
+///
+/// # Errors
+/// As [`count_launches`].
+pub fn watch_grids() -> Result<(), LaunchCountError> {
+    start(ProfilingLogLevel::Full)
+}
+
+/// Launches with an empty grid since [`watch_grids`], by kernel name (after the runtime's
+/// log has drained, as [`launches`]).
+pub fn empty_grids() -> BTreeMap<String, u64> {
+    let _ = launches();
+    EMPTY_GRIDS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+}
+
+fn start(level: ProfilingLogLevel) -> Result<(), LaunchCountError> {
     log::set_logger(&COUNTER).map_err(|_| LaunchCountError::Logger)?;
     log::set_max_level(log::LevelFilter::Info);
     let mut config = CubeClRuntimeConfig::default();
-    config.profiling.logger.level = ProfilingLogLevel::Minimal;
+    config.profiling.logger.level = level;
     config.profiling.logger.log = Some(LogCrateLevel::Info);
     // `set` panics when the configuration was already read; that is the caller's order.
     std::panic::catch_unwind(move || CubeClRuntimeConfig::set(config))
@@ -90,4 +150,29 @@ pub fn launches() -> BTreeMap<String, u64> {
         }
     }
     last
+}
+
+#[cfg(test)]
+mod tests {
+    use super::launch_with_grid;
+
+    /// The line format of CubeCL 0.10's `full` profiling level (`client.rs`, `launch_inner`).
+    #[test]
+    fn full_profiling_lines_give_the_kernel_and_its_grid() {
+        // As llvmpipe logged it for a tensor of no elements filled with zeros.
+        let line = "| 0ns        | burn_cubecl::FullKernel<WgpuRuntime>: FullKernelInfo {\n    \
+                    settings: KernelSettings {\n    },\n} CubeCount (0, 0, 0)";
+        assert_eq!(
+            launch_with_grid(line),
+            Some(("burn_cubecl::FullKernel<WgpuRuntime>", Some([0, 0, 0])))
+        );
+        let static_form = "| 1.2ms | Fill: 0x1f CubeCount Static(4, 1, 1)";
+        assert_eq!(
+            launch_with_grid(static_form),
+            Some(("Fill", Some([4, 1, 1])))
+        );
+        let dynamic = "| 3µs | Matmul: 0x2 CubeCount Dynamic(Binding { id: 4 })";
+        assert_eq!(launch_with_grid(dynamic), Some(("Matmul", None)));
+        assert_eq!(launch_with_grid("Executing Copy"), None);
+    }
 }

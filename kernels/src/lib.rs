@@ -23,12 +23,17 @@
 //! - [`mod@cached_attention`]: the attention of new positions over a KV cache read in place,
 //!   on the host (the CPU backend's [`AttentionOps::cached_attention`]); the composition is
 //!   the twin.
+//! - [`mod@decode`]: the decode step's residual add and RMSNorm, rotary positions with the KV
+//!   cache's write, and (on the Cube backends) the cached attention, one pass each
+//!   ([`AttentionOps::add_rms_norm`], [`AttentionOps::rotary_cache_write`]); the compositions
+//!   are the twins.
 
 pub mod attention;
 mod autodiff;
 pub mod cached_attention;
 #[cfg(feature = "cube")]
 mod cube;
+pub mod decode;
 pub mod fused;
 #[cfg(feature = "fusion")]
 mod fusion;
@@ -40,6 +45,7 @@ pub mod reference;
 pub mod rotary;
 
 pub use attention::{AttentionOps, grouped_attention, reference_grouped_attention};
+pub use decode::{Heads, add_rms_norm, rotary_cache_write};
 pub use fused::KernelChoice;
 pub use ops::{AutodiffLogProbOps, KlStats, LogProbOps};
 pub use packed::{

@@ -3,7 +3,7 @@
 //! workgroup and V = 151936. Always on NdArray; on wgpu (and `Autodiff<Wgpu>`) with the `wgpu`
 //! feature, plus fused-vs-reference agreement and bf16/f16 where the device supports them.
 
-use crate::{AutodiffLogProbOps, LogProbOps, fused, reference};
+use crate::{AttentionOps, AutodiffLogProbOps, LogProbOps, fused, reference};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, FloatDType, TensorData};
@@ -504,6 +504,275 @@ where
 }
 
 // ---------------------------------------------------------------------------------------------
+// The fused decode step (`crate::decode`): each op against its reference twin on NdArray.
+
+type Host = burn::backend::NdArray<f32>;
+
+fn to_vec<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+    t.into_data()
+        .convert::<f32>()
+        .to_vec::<f32>()
+        .expect("f32 data")
+}
+
+fn tensor<B: Backend, const D: usize>(
+    data: &[f32],
+    shape: [usize; D],
+    device: &B::Device,
+) -> Tensor<B, D> {
+    Tensor::from_data(TensorData::new(data.to_vec(), shape), device)
+}
+
+fn random(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.uniform(-2.0, 2.0)).collect()
+}
+
+fn assert_near(what: &str, got: &[f32], want: &[f32], atol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= atol + atol * w.abs(),
+            "{what}[{i}]: {g} against {w}"
+        );
+    }
+}
+
+/// `add_rms_norm` by hand: x = (1, 3), residual (2, 1) → sum (3, 4); mean of squares 12.5,
+/// rms √12.5 = 3.5355339; γ = (1, 2) → (3/3.5355339, 2·4/3.5355339) = (0.8485281, 2.2627417).
+fn check_add_rms_norm_by_hand<B: AttentionOps>(device: &B::Device) {
+    let x = tensor::<B, 3>(&[1.0, 3.0], [1, 1, 2], device);
+    let r = tensor::<B, 3>(&[2.0, 1.0], [1, 1, 2], device);
+    let gamma = tensor::<B, 1>(&[1.0, 2.0], [2], device);
+    let (sum, normed) = crate::add_rms_norm(x, Some(r), gamma, 0.0);
+    assert_near("sum", &to_vec(sum), &[3.0, 4.0], 0.0);
+    assert_near("normed", &to_vec(normed), &[0.848_528_1, 2.262_741_7], 1e-6);
+}
+
+/// The three decode ops of `B` against their reference twins on NdArray, on seeded inputs:
+/// rows wider than a cube's units, keys over several chunks of the attention, shared and
+/// per-row angles and biases, masked keys, a head dimension that is not a power of two.
+fn check_decode_ops<B: AttentionOps>(device: &B::Device, seed: u64) {
+    use crate::decode::{Heads, reference_add_rms_norm, reference_rotary_cache_write};
+    let host = Default::default();
+    let mut rng = Rng(seed);
+    check_add_rms_norm_by_hand::<B>(device);
+
+    // add_rms_norm: d = 300 (more than 256 units), with and without a residual.
+    let (b, s, d) = (2, 3, 300);
+    let (x, r, g) = (
+        random(&mut rng, b * s * d),
+        random(&mut rng, b * s * d),
+        random(&mut rng, d),
+    );
+    for with_residual in [true, false] {
+        let (sum, normed) = crate::add_rms_norm(
+            tensor::<B, 3>(&x, [b, s, d], device),
+            with_residual.then(|| tensor::<B, 3>(&r, [b, s, d], device)),
+            tensor::<B, 1>(&g, [d], device),
+            1e-5,
+        );
+        let (want_sum, want_normed) = reference_add_rms_norm::<Host>(
+            tensor(&x, [b, s, d], &host),
+            with_residual.then(|| tensor(&r, [b, s, d], &host)),
+            tensor(&g, [d], &host),
+            1e-5,
+        );
+        assert_near("sum", &to_vec(sum), &to_vec(want_sum), 1e-6);
+        assert_near("normed", &to_vec(normed), &to_vec(want_normed), 1e-5);
+    }
+
+    // rotary_cache_write: 4 query heads over 2 K/V heads of 6, written at 5 of 12 positions.
+    let heads = Heads {
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 6,
+    };
+    let (cap, at, half) = (12, 5, 3);
+    for (seq, angle_rows) in [(1, 2), (3, 1), (3, 2)] {
+        let q = random(&mut rng, b * seq * 4 * 6);
+        let k = random(&mut rng, b * seq * 2 * 6);
+        let v = random(&mut rng, b * seq * 2 * 6);
+        // Biases on the queries and values only (per-projection flags).
+        let (bq, bv) = (random(&mut rng, 24), random(&mut rng, 12));
+        let with_bias = angle_rows == 2;
+        let cos = random(&mut rng, angle_rows * seq * half);
+        let sin = random(&mut rng, angle_rows * seq * half);
+        let kb = random(&mut rng, b * 2 * cap * 6);
+        let vb = random(&mut rng, b * 2 * cap * 6);
+        let angles = [angle_rows, 1, seq, half];
+        let k_buffer = tensor::<B, 4>(&kb, [b, 2, cap, 6], device);
+        // A second handle on the key buffer: the op must not write through it.
+        let shared = k_buffer.clone();
+        let got = crate::rotary_cache_write(
+            tensor::<B, 3>(&q, [b, seq, 24], device),
+            tensor::<B, 3>(&k, [b, seq, 12], device),
+            tensor::<B, 3>(&v, [b, seq, 12], device),
+            [
+                with_bias.then(|| tensor::<B, 1>(&bq, [24], device)),
+                None,
+                with_bias.then(|| tensor::<B, 1>(&bv, [12], device)),
+            ],
+            &tensor::<B, 4>(&cos, angles, device),
+            &tensor::<B, 4>(&sin, angles, device),
+            k_buffer,
+            tensor::<B, 4>(&vb, [b, 2, cap, 6], device),
+            at,
+            heads,
+        );
+        let want = reference_rotary_cache_write::<Host>(
+            tensor(&q, [b, seq, 24], &host),
+            tensor(&k, [b, seq, 12], &host),
+            tensor(&v, [b, seq, 12], &host),
+            [
+                with_bias.then(|| tensor(&bq, [24], &host)),
+                None,
+                with_bias.then(|| tensor(&bv, [12], &host)),
+            ],
+            tensor(&cos, angles, &host),
+            tensor(&sin, angles, &host),
+            tensor(&kb, [b, 2, cap, 6], &host),
+            tensor(&vb, [b, 2, cap, 6], &host),
+            at,
+            heads,
+        );
+        for (name, (got, want)) in ["queries", "keys", "values"]
+            .iter()
+            .zip(got.into_iter().zip(want))
+        {
+            assert_eq!(got.dims(), want.dims(), "{name}: shape");
+            assert_near(name, &to_vec(got), &to_vec(want), 1e-6);
+        }
+        assert_eq!(to_vec(shared), kb, "a shared buffer was written through");
+    }
+
+    // cached_attention: keys 21 over a capacity of 30 (four chunks of 8 units at head_dim 6).
+    let (group, keys, cap) = (2, 21, 30);
+    for (bias_rows, masked) in [(0, 0), (1, 4), (2, 7)] {
+        let q = random(&mut rng, b * 2 * group * 6);
+        let kb = random(&mut rng, b * 2 * cap * 6);
+        let vb = random(&mut rng, b * 2 * cap * 6);
+        let bias: Vec<f32> = (0..bias_rows.max(1) * keys)
+            .map(|i| {
+                if i % keys < masked {
+                    -1.0e9
+                } else {
+                    rng.uniform(-1.0, 1.0)
+                }
+            })
+            .collect();
+        let bias_shape = [bias_rows.max(1), 1, 1, keys];
+        let served = B::cached_attention(
+            tensor::<B, 4>(&q, [b, 2, group, 6], device)
+                .into_primitive()
+                .tensor(),
+            tensor::<B, 4>(&kb, [b, 2, cap, 6], device)
+                .into_primitive()
+                .tensor(),
+            tensor::<B, 4>(&vb, [b, 2, cap, 6], device)
+                .into_primitive()
+                .tensor(),
+            keys,
+            (bias_rows > 0).then(|| {
+                tensor::<B, 4>(&bias, bias_shape, device)
+                    .into_primitive()
+                    .tensor()
+            }),
+            group,
+        );
+        let Some(got) = served else {
+            assert!(
+                !B::DECODE_KERNELS,
+                "a backend with decode kernels did not serve"
+            );
+            continue;
+        };
+        let got = to_vec(Tensor::<B, 4>::from_primitive(
+            burn::tensor::TensorPrimitive::Float(got),
+        ));
+        let narrow =
+            |data: &[f32]| tensor::<Host, 4>(data, [b, 2, cap, 6], &host).narrow(2, 0, keys);
+        let want = crate::reference_grouped_attention::<Host>(
+            tensor(&q, [b, 2, group, 6], &host),
+            narrow(&kb),
+            narrow(&vb),
+            (bias_rows > 0).then(|| tensor(&bias, bias_shape, &host)),
+            group,
+        );
+        assert_near("attention", &got, &to_vec(want), 1e-5);
+    }
+}
+
+/// `AttentionOps::sample_rows` against the host's rule in f64 (the first id whose running
+/// sum of `exp((x − max) / T)` exceeds `u` times the total; greedy: the first largest logit),
+/// and `log_softmax(x)[id]`: rows wider than a cube (1031 ids, prime: ragged runs), `u` near
+/// 0 and near 1, temperatures 1 and 0.7, and greedy. A backend without the kernel says so.
+fn check_sample_rows<B: AttentionOps>(device: &B::Device, seed: u64) {
+    let mut rng = Rng(seed);
+    let (rows, vocab) = (6, 1031);
+    let logits = rng.logits(rows, vocab);
+    let mut uniforms: Vec<f32> = (0..rows).map(|_| rng.uniform(0.0, 1.0)).collect();
+    (uniforms[0], uniforms[1]) = (1e-6, 0.999_999);
+    let host = |row: &[f32], u: Option<f64>, t: f64| -> (usize, f64) {
+        let max = row.iter().copied().fold(f32::MIN, f32::max) as f64;
+        let lse = max
+            + row
+                .iter()
+                .map(|&x| (x as f64 - max).exp())
+                .sum::<f64>()
+                .ln();
+        let id = match u {
+            None => row.iter().position(|&x| x as f64 == max).unwrap_or(0),
+            Some(u) => {
+                let p: Vec<f64> = row.iter().map(|&x| ((x as f64 - max) / t).exp()).collect();
+                let target = u * p.iter().sum::<f64>();
+                let mut acc = 0.0;
+                p.iter()
+                    .position(|&q| {
+                        acc += q;
+                        acc > target
+                    })
+                    .unwrap_or(row.len() - 1)
+            }
+        };
+        (id, row[id] as f64 - lse)
+    };
+    for (temperature, greedy) in [(1.0, false), (0.7, false), (0.0, true)] {
+        let drawn = B::sample_rows(
+            tensor::<B, 2>(&logits, [rows, vocab], device)
+                .into_primitive()
+                .tensor(),
+            (!greedy).then(|| {
+                tensor::<B, 1>(&uniforms, [rows], device)
+                    .into_primitive()
+                    .tensor()
+            }),
+            temperature,
+        );
+        let Some(drawn) = drawn else {
+            assert!(
+                !B::DECODE_KERNELS,
+                "a backend with decode kernels did not sample"
+            );
+            return;
+        };
+        let got = to_vec(Tensor::<B, 2>::from_primitive(
+            burn::tensor::TensorPrimitive::Float(drawn),
+        ));
+        for r in 0..rows {
+            let row = &logits[r * vocab..(r + 1) * vocab];
+            let u = (!greedy).then(|| f64::from(uniforms[r]));
+            let (id, logprob) = host(row, u, temperature);
+            assert_eq!(got[2 * r] as usize, id, "T {temperature}, row {r}: id");
+            assert!(
+                (f64::from(got[2 * r + 1]) - logprob).abs() < 1e-4,
+                "T {temperature}, row {r}: log-prob {} against {logprob}",
+                got[2 * r + 1]
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // NdArray (always).
 
 mod ndarray {
@@ -531,6 +800,12 @@ mod ndarray {
     #[test]
     fn rotary_matches_its_reference_twin_and_its_backward_is_the_inverse_rotation() {
         check_rotary_vs_reference::<B>(&Default::default(), 8);
+    }
+
+    #[test]
+    fn decode_ops_match_their_reference_twins() {
+        check_decode_ops::<NdArray<f32>>(&Default::default(), 31);
+        check_sample_rows::<NdArray<f32>>(&Default::default(), 34);
     }
 
     /// On NdArray both arms run the same composed code (NdArray has no kernels), so this only
@@ -658,6 +933,13 @@ mod wgpu {
         check_attention_by_hand::<B>(&Default::default());
     }
 
+    /// Through the fusion stream (custom ops that run the Cube kernels).
+    #[test]
+    fn decode_kernels_match_their_reference_twins() {
+        check_decode_ops::<Wgpu>(&Default::default(), 32);
+        check_sample_rows::<Wgpu>(&Default::default(), 35);
+    }
+
     #[test]
     fn low_precision_matches_f64_reference() {
         let ran = check_low_precision::<B>(&Default::default(), 13);
@@ -688,6 +970,12 @@ mod wgpu_cube {
     #[test]
     fn kernel_choice_dispatches() {
         check_kernel_choice_dispatches::<Raw>(&Default::default());
+    }
+
+    #[test]
+    fn decode_kernels_match_their_reference_twins() {
+        check_decode_ops::<Raw>(&Default::default(), 33);
+        check_sample_rows::<Raw>(&Default::default(), 36);
     }
 }
 

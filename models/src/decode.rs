@@ -38,7 +38,7 @@
 
 use burn::prelude::*;
 use burn::tensor::activation::log_softmax;
-use burn::tensor::{DType, FloatDType};
+use burn::tensor::{DType, FloatDType, TensorPrimitive};
 use rlany_framework::ppo::in_f32;
 use rlany_framework::sampling::Sampler;
 use rlany_framework::{Generation, Rng, SampleParams};
@@ -298,7 +298,7 @@ pub(crate) fn extend<B: AttentionOps>(
 ///
 /// # Shapes
 /// - `logits`: `[batch, vocab]` (f32)
-fn sample_on_device<B: Backend>(
+fn sample_on_device<B: AttentionOps>(
     logits: Tensor<B, 2>,
     finished: &[bool],
     temperature: f64,
@@ -306,26 +306,37 @@ fn sample_on_device<B: Backend>(
 ) -> Vec<Option<(u32, f32)>> {
     let [batch, _] = logits.dims();
     let device = logits.device();
-    // [batch, 1]
-    let ids = if temperature > 0.0 {
+    // One uniform per unfinished row, in row order, whichever path draws.
+    let u = (temperature > 0.0).then(|| {
         let uniforms: Vec<f32> = finished
             .iter()
             .map(|&f| if f { 0.0 } else { rng.uniform() as f32 })
             .collect();
-        let u = Tensor::<B, 2>::from_data(TensorData::new(uniforms, [batch, 1]), &device);
-        let max = logits.clone().max_dim(1);
-        // [batch, vocab]: the tempered, unnormalised probabilities.
-        let p = (logits.clone() - max).div_scalar(temperature).exp();
-        inverse_cdf_in_blocks(p, u)
-    } else {
-        logits.clone().argmax(1)
-    };
-    let logprobs = log_softmax(logits, 1).gather(1, ids.clone());
-    // [batch, 2]: id (exact in f32 below 2^24) and log-probability.
-    let packed: Vec<f32> = Tensor::cat(vec![ids.float(), logprobs], 1)
-        .into_data()
-        .iter::<f32>()
-        .collect();
+        Tensor::<B, 1>::from_data(TensorData::new(uniforms, [batch]), &device)
+    });
+    // [batch, 2]: id (exact in f32 below 2^24) and log-probability — one kernel where the
+    // backend has it ([`AttentionOps::sample_rows`]), else composed.
+    let drawn = B::sample_rows(
+        logits.clone().into_primitive().tensor(),
+        u.clone().map(|u| u.into_primitive().tensor()),
+        temperature,
+    )
+    .map(|t| Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(t)))
+    .unwrap_or_else(|| {
+        // [batch, 1]
+        let ids = match u {
+            Some(u) => {
+                let max = logits.clone().max_dim(1);
+                // [batch, vocab]: the tempered, unnormalised probabilities.
+                let p = (logits.clone() - max).div_scalar(temperature).exp();
+                inverse_cdf_in_blocks(p, u.reshape([batch, 1]))
+            }
+            None => logits.clone().argmax(1),
+        };
+        let logprobs = log_softmax(logits, 1).gather(1, ids.clone());
+        Tensor::cat(vec![ids.float(), logprobs], 1)
+    });
+    let packed: Vec<f32> = drawn.into_data().iter::<f32>().collect();
     (0..batch)
         .map(|r| (!finished[r]).then(|| (packed[2 * r] as u32, packed[2 * r + 1])))
         .collect()

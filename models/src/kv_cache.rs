@@ -28,21 +28,20 @@ fn write<B: AttentionOps>(buffer: Tensor<B, 4>, src: Tensor<B, 4>, at: usize) ->
 }
 
 impl<B: AttentionOps> LayerKv<B> {
-    /// Writes `k` and `v` after the filled positions (growing the buffers first when they
-    /// are full) and returns the buffers (sharing the cache's storage: drop them before the
-    /// next write, which is then in place) and how many positions are filled.
+    /// Takes the layer's buffers out of `slot` with room for `seq` more positions (allocating
+    /// them, or growing them first when full) and returns them with the position the new keys
+    /// and values go at. Put them back with [`LayerKv::filled`] once written.
     ///
     /// # Shapes
-    /// - `k`, `v`: `[batch, kv_heads, seq, head_dim]`
-    /// - outputs: `[batch, kv_heads, capacity, head_dim]`, filled `0..len + seq`
-    pub(crate) fn append(
+    /// - `dims`: `[batch, kv_heads, seq, head_dim]` of the new keys
+    /// - outputs: `[batch, kv_heads, capacity, head_dim]`, `capacity ≥ at + seq`
+    pub(crate) fn make_room(
         slot: &mut Option<Self>,
-        k: Tensor<B, 4>,
-        v: Tensor<B, 4>,
+        [batch, kv_heads, seq, head_dim]: [usize; 4],
         reserve: usize,
+        like: &Tensor<B, 3>,
     ) -> (Tensor<B, 4>, Tensor<B, 4>, usize) {
-        let [batch, kv_heads, seq, head_dim] = k.dims();
-        let buffer = |positions: usize, like: &Tensor<B, 4>| {
+        let buffer = |positions: usize| {
             Tensor::<B, 4>::zeros(
                 [batch, kv_heads, positions, head_dim],
                 (&like.device(), like.dtype()),
@@ -51,8 +50,8 @@ impl<B: AttentionOps> LayerKv<B> {
         let mut kv = match slot.take() {
             Some(kv) => kv,
             None => Self {
-                key: buffer(seq + reserve, &k),
-                value: buffer(seq + reserve, &v),
+                key: buffer(seq + reserve),
+                value: buffer(seq + reserve),
                 len: 0,
             },
         };
@@ -62,15 +61,27 @@ impl<B: AttentionOps> LayerKv<B> {
             // One copy of the filled part into buffers with room for `reserve` more
             // positions (at least doubled, so repeated growth costs amortised O(1)).
             let grown = (needed + reserve).max(2 * capacity);
-            kv.key = write(buffer(grown, &k), kv.key.narrow(2, 0, kv.len), 0);
-            kv.value = write(buffer(grown, &v), kv.value.narrow(2, 0, kv.len), 0);
+            kv.key = write(buffer(grown), kv.key.narrow(2, 0, kv.len), 0);
+            kv.value = write(buffer(grown), kv.value.narrow(2, 0, kv.len), 0);
         }
-        kv.key = write(kv.key, k, kv.len);
-        kv.value = write(kv.value, v, kv.len);
-        kv.len = needed;
-        let buffers = (kv.key.clone(), kv.value.clone(), needed);
-        *slot = Some(kv);
-        buffers
+        (kv.key, kv.value, kv.len)
+    }
+
+    /// Puts written buffers back into `slot`, `len` positions filled, and returns them
+    /// (sharing the cache's storage: drop them before the next write, which is then in
+    /// place).
+    pub(crate) fn filled(
+        slot: &mut Option<Self>,
+        key: Tensor<B, 4>,
+        value: Tensor<B, 4>,
+        len: usize,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        *slot = Some(Self {
+            key: key.clone(),
+            value: value.clone(),
+            len,
+        });
+        (key, value)
     }
 }
 

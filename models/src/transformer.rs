@@ -25,11 +25,13 @@ use burn::module::{Initializer, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::prelude::*;
 use burn::tensor::activation::silu;
+use burn::tensor::module::linear;
 use burn::tensor::{DType, FloatDType, TensorPrimitive};
 use rlany_framework::ppo::in_f32;
 use rlany_framework::{CausalLm, Generation, Rng, SampleParams, select_positions};
 use rlany_kernels::{
-    AttentionOps, PACKED_MAX_ROWS, PackedMatrix, grouped_attention, packed_matmul, rotary,
+    AttentionOps, Heads, PACKED_MAX_ROWS, PackedMatrix, add_rms_norm, grouped_attention,
+    packed_matmul, rotary, rotary_cache_write,
 };
 
 use crate::decode::{
@@ -249,6 +251,21 @@ fn project<B: AttentionOps>(
     packed: Option<&PackedMatrix>,
     x: Tensor<B, 3>,
 ) -> Tensor<B, 3> {
+    project_with(layer, adapter, packed, x, true)
+}
+
+/// [`project`] without the layer's bias when `with_bias` is false (the decode step adds it in
+/// its next op: [`rotary_cache_write`]).
+///
+/// # Shapes
+/// As [`project`].
+fn project_with<B: AttentionOps>(
+    layer: &Linear<B>,
+    adapter: Option<&LoraAdapter<B>>,
+    packed: Option<&PackedMatrix>,
+    x: Tensor<B, 3>,
+    with_bias: bool,
+) -> Tensor<B, 3> {
     let [batch, seq, d_input] = x.dims();
     // [batch * seq, d_input]
     let flat = x.reshape([batch * seq, d_input]);
@@ -256,7 +273,10 @@ fn project<B: AttentionOps>(
     // rows, a CPU backend, no autodiff), the dense weights otherwise.
     let base = packed
         .and_then(|w| packed_matmul(&flat, w))
-        .unwrap_or_else(|| layer.forward(flat.clone()));
+        .unwrap_or_else(|| match with_bias {
+            true => layer.forward(flat.clone()),
+            false => linear(flat.clone(), layer.weight.val(), None),
+        });
     let y = match adapter {
         Some(a) => base + a.forward(flat),
         None => base,
@@ -322,67 +342,82 @@ impl<B: AttentionOps> Attention<B> {
         let (lora, pick) = (extra.lora, |k| extra.packed(k));
         let (heads, kv_heads, head_dim) = (self.n_heads, self.n_kv_heads, self.head_dim);
         let group = heads / kv_heads;
+        // With the cache on a backend with decode kernels, the projections' biases go into
+        // the next op (one launch fewer each); elsewhere the products are unchanged.
+        let fold = cache.is_some() && B::DECODE_KERNELS;
+        let bias_of =
+            |layer: &Linear<B>| fold.then(|| layer.bias.as_ref().map(|b| b.val())).flatten();
 
-        // [batch, seq, heads, head_dim] -> [batch, heads, seq, head_dim]
-        let q = project(
+        // [batch, seq, heads * head_dim]
+        let q = project_with(
             &self.query,
             lora.and_then(|l| l.q_proj.as_ref()),
             pick(0),
             x.clone(),
-        )
-        .reshape([batch, seq, heads, head_dim])
-        .swap_dims(1, 2);
-        // [batch, seq, kv_heads, head_dim] -> [batch, kv_heads, seq, head_dim]
-        let k = project(
+            !fold,
+        );
+        // [batch, seq, kv_heads * head_dim]
+        let k = project_with(
             &self.key,
             lora.and_then(|l| l.k_proj.as_ref()),
             pick(1),
             x.clone(),
-        )
-        .reshape([batch, seq, kv_heads, head_dim])
-        .swap_dims(1, 2);
-        // [batch, seq, kv_heads, head_dim] -> [batch, kv_heads, seq, head_dim]
-        let v = project(
+            !fold,
+        );
+        // [batch, seq, kv_heads * head_dim]
+        let v = project_with(
             &self.value,
             lora.and_then(|l| l.v_proj.as_ref()),
             pick(2),
             x,
-        )
-        .reshape([batch, seq, kv_heads, head_dim])
-        .swap_dims(1, 2);
-        let q = rotary(q, cos, sin);
-        let k = rotary(k, cos, sin);
+            !fold,
+        );
+        let bias_qkv = [
+            bias_of(&self.query),
+            bias_of(&self.key),
+            bias_of(&self.value),
+        ];
 
-        // Each K/V head serves `group` consecutive query heads (the repeat of GQA), done by
-        // folding those heads into the row dimension instead of copying K and V:
-        // [batch, kv_heads, group * seq, head_dim]
-        let q = q.mul_scalar((head_dim as f64).powf(-0.5)).reshape([
-            batch,
-            kv_heads,
-            group * seq,
-            head_dim,
-        ]);
         // softmax(q kᵀ + bias) v; under autodiff its backward recomputes the probabilities
         // rather than keeping every layer's [heads, seq, keys] (rlany-kernels, `attention`).
-        // Where the projections read packed blocks (a decode step of at most
-        // `PACKED_MAX_ROWS` rows of `rlany generate` on a CPU backend) the cache is read in
-        // place ([`AttentionOps::cached_attention`]); a run's numbers stay the composition's.
+        // Each K/V head serves `group` consecutive query heads (the repeat of GQA), done by
+        // folding those heads into the row dimension instead of copying K and V.
         // [batch, kv_heads, group * seq, head_dim]
         let context = match cache {
             Some((slot, reserve)) => {
-                let (k, v, keys) = LayerKv::append(slot, k, v, reserve);
-                let few_rows = batch * seq <= PACKED_MAX_ROWS;
-                let in_place = extra.packed.filter(|_| few_rows).and_then(|_| {
-                    B::cached_attention(
-                        q.clone().into_primitive().tensor(),
-                        k.clone().into_primitive().tensor(),
-                        v.clone().into_primitive().tensor(),
-                        keys,
-                        bias.map(|b| b.clone().into_primitive().tensor()),
-                        group,
-                    )
-                });
-                match in_place {
+                // Rotary positions, the queries' scale and the cache's write in one op
+                // (one pass on the Cube backends, rlany-kernels `decode`).
+                let (k_buffer, v_buffer, at) =
+                    LayerKv::make_room(slot, [batch, kv_heads, seq, head_dim], reserve, &k);
+                let shape = Heads {
+                    heads,
+                    kv_heads,
+                    head_dim,
+                };
+                let [q, k_buffer, v_buffer] =
+                    rotary_cache_write(q, k, v, bias_qkv, cos, sin, k_buffer, v_buffer, at, shape);
+                let keys = at + seq;
+                let (k, v) = LayerKv::filled(slot, k_buffer, v_buffer, keys);
+                // The cache read in place ([`AttentionOps::cached_attention`]): for every
+                // decode step on the Cube backends, where it is one launch; on the CPU only
+                // where the projections read packed blocks (a decode step of at most
+                // `PACKED_MAX_ROWS` rows of `rlany generate`), so a run's numbers stay the
+                // composition's.
+                let in_place = (B::DECODE_KERNELS && seq == 1)
+                    || (extra.packed.is_some() && batch * seq <= PACKED_MAX_ROWS);
+                let served = in_place
+                    .then(|| {
+                        B::cached_attention(
+                            q.clone().into_primitive().tensor(),
+                            k.clone().into_primitive().tensor(),
+                            v.clone().into_primitive().tensor(),
+                            keys,
+                            bias.map(|b| b.clone().into_primitive().tensor()),
+                            group,
+                        )
+                    })
+                    .flatten();
+                match served {
                     Some(context) => Tensor::from_primitive(TensorPrimitive::Float(context)),
                     None => grouped_attention(
                         q,
@@ -393,14 +428,27 @@ impl<B: AttentionOps> Attention<B> {
                     ),
                 }
             }
-            None => grouped_attention(q, k, v, bias.cloned(), group),
+            None => {
+                // [batch, seq, n, head_dim] -> [batch, n, seq, head_dim]
+                let split =
+                    |t: Tensor<B, 3>, n| t.reshape([batch, seq, n, head_dim]).swap_dims(1, 2);
+                let q = rotary(split(q, heads), cos, sin)
+                    .mul_scalar((head_dim as f64).powf(-0.5))
+                    .reshape([batch, kv_heads, group * seq, head_dim]);
+                let k = rotary(split(k, kv_heads), cos, sin);
+                grouped_attention(q, k, split(v, kv_heads), bias.cloned(), group)
+            }
         };
         // [batch, kv_heads, group * seq, head_dim] -> [batch, heads, seq, head_dim]
         let context = context.reshape([batch, heads, seq, head_dim]);
-        // [batch, seq, heads, head_dim] -> [batch, seq, heads * head_dim]
-        let context = context
-            .swap_dims(1, 2)
-            .reshape([batch, seq, heads * head_dim]);
+        // [batch, seq, heads, head_dim] -> [batch, seq, heads * head_dim]; one position is
+        // already in that order (no copy).
+        let context = match seq {
+            1 => context.reshape([batch, seq, heads * head_dim]),
+            _ => context
+                .swap_dims(1, 2)
+                .reshape([batch, seq, heads * head_dim]),
+        };
         project(
             &self.output,
             lora.and_then(|l| l.o_proj.as_ref()),
@@ -426,18 +474,20 @@ impl<B: AttentionOps> SwiGlu<B> {
         let adapter =
             |pick: fn(&BlockLora<B>) -> Option<&LoraAdapter<B>>| extra.lora.and_then(pick);
         let pick = |k| extra.packed(k);
-        let gate = silu(project(
+        let gate = project(
             &self.gate,
             adapter(|l| l.gate_proj.as_ref()),
             pick(4),
             x.clone(),
-        ));
+        );
         let up = project(&self.up, adapter(|l| l.up_proj.as_ref()), pick(5), x);
+        // Both products first, then the gate: Burn's fusion makes `silu(gate) ⊙ up` one kernel
+        // (the silu between the two products would be a kernel of its own).
         project(
             &self.down,
             adapter(|l| l.down_proj.as_ref()),
             pick(6),
-            gate * up,
+            silu(gate) * up,
         )
     }
 }
@@ -454,30 +504,49 @@ pub struct Block<B: Backend> {
 }
 
 impl<B: AttentionOps> Block<B> {
+    /// The block on the residual stream `x` plus `delta`, the previous block's MLP output
+    /// not yet added (so that the add and this block's first norm are one op:
+    /// [`AttentionOps::add_rms_norm`]). Returns the stream after the attention's residual and
+    /// this block's MLP output, to be added by the next norm.
+    ///
     /// # Shapes
-    /// - `x`: `[batch, seq, d_model]`
+    /// - `x`, `delta`: `[batch, seq, d_model]`
     /// - `cos`, `sin`: `[batch or 1, 1, seq, head_dim / 2]`
     /// - `bias`: `[batch or 1, 1, seq, cache_len + seq]`
-    /// - output: `[batch, seq, d_model]`
+    /// - outputs: `[batch, seq, d_model]` each
+    #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
         x: Tensor<B, 3>,
+        delta: Option<Tensor<B, 3>>,
         cos: &Tensor<B, 4>,
         sin: &Tensor<B, 4>,
         bias: Option<&Tensor<B, 4>>,
         cache: Option<(&mut Option<LayerKv<B>>, usize)>,
         packed: Option<&LayerPacked>,
-    ) -> Tensor<B, 3> {
+    ) -> (Tensor<B, 3>, Tensor<B, 3>) {
         let extra = Extras {
             lora: self.lora.as_ref(),
             packed,
         };
-        let h = x.clone()
-            + self
-                .attention
-                .forward(self.attention_norm.forward(x), cos, sin, bias, cache, extra);
-        h.clone() + self.mlp.forward(self.mlp_norm.forward(h), extra)
+        let (x, normed) = norm(&self.attention_norm, x, delta);
+        let attended = self.attention.forward(normed, cos, sin, bias, cache, extra);
+        let (h, normed) = norm(&self.mlp_norm, x, Some(attended));
+        (h, self.mlp.forward(normed, extra))
     }
+}
+
+/// `(x + delta, norm(x + delta))` through [`AttentionOps::add_rms_norm`] (Burn's `RmsNorm`
+/// op for op, or one pass).
+///
+/// # Shapes
+/// - `x`, `delta`: `[batch, seq, d_model]`; outputs the same
+fn norm<B: AttentionOps>(
+    norm: &RmsNorm<B>,
+    x: Tensor<B, 3>,
+    delta: Option<Tensor<B, 3>>,
+) -> (Tensor<B, 3>, Tensor<B, 3>) {
+    add_rms_norm(x, delta, norm.gamma.val(), norm.epsilon)
 }
 
 /// A Llama/Qwen2-style decoder: token embedding, [`TransformerConfig::n_layers`] pre-norm
@@ -779,16 +848,17 @@ impl<B: AttentionOps> Transformer<B> {
                 "the KV cache was built for another number of layers"
             );
         }
-        let mut x = self.embedding.forward(tokens);
+        let (mut x, mut delta) = (self.embedding.forward(tokens), None);
         for (i, block) in self.blocks.iter().enumerate() {
             let layer = cache.as_deref_mut().map(|c| {
                 let reserve = c.reserve;
                 (&mut c.layers[i], reserve)
             });
             let packed = self.packed.as_ref().and_then(|p| p.layers.get(i));
-            x = block.forward(x, cos, sin, bias, layer, packed);
+            let (stream, out) = block.forward(x, delta, cos, sin, bias, layer, packed);
+            (x, delta) = (stream, Some(out));
         }
-        self.norm.forward(x)
+        norm(&self.norm, x, delta).1
     }
 }
 

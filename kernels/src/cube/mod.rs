@@ -1,6 +1,8 @@
 //! [`LogProbOps`] for `CubeBackend<R, ..>`, generic over the runtime: one impl serves wgpu and
 //! cuda. Launch planning and buffer allocation here; the `#[cube]` code is in [`kernel`].
 
+mod decode;
+mod decode_kernel;
 mod kernel;
 
 use burn::tensor::ops::{FloatTensor, IntTensor};
@@ -16,7 +18,8 @@ use crate::attention::AttentionOps;
 use crate::ops::{KlStats, LogProbOps};
 use kernel::MAX_CUBE_UNITS;
 
-/// The default composition (Burn's own matmul and softmax kernels).
+/// The decode step in one pass per op ([`crate::decode`]); the training ops keep the default
+/// composition (Burn's own matmul and softmax kernels).
 impl<R, F, I, BT> AttentionOps for CubeBackend<R, F, I, BT>
 where
     R: CubeRuntime,
@@ -24,6 +27,46 @@ where
     I: IntElement,
     BT: BoolElement,
 {
+    const DECODE_KERNELS: bool = true;
+
+    fn add_rms_norm(
+        x: FloatTensor<Self>,
+        residual: Option<FloatTensor<Self>>,
+        gamma: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        decode::add_rms_norm(x, residual, gamma, epsilon)
+    }
+
+    fn rotary_cache_write(
+        qkv: [FloatTensor<Self>; 3],
+        bias: [Option<FloatTensor<Self>>; 3],
+        angles: [FloatTensor<Self>; 2],
+        buffers: [FloatTensor<Self>; 2],
+        at: usize,
+        heads: crate::decode::Heads,
+    ) -> [FloatTensor<Self>; 3] {
+        decode::rotary_cache_write(qkv, bias, angles, buffers, at, heads)
+    }
+
+    fn cached_attention(
+        q: FloatTensor<Self>,
+        k_buffer: FloatTensor<Self>,
+        v_buffer: FloatTensor<Self>,
+        keys: usize,
+        bias: Option<FloatTensor<Self>>,
+        group: usize,
+    ) -> Option<FloatTensor<Self>> {
+        decode::cached_attention(q, k_buffer, v_buffer, keys, bias, group)
+    }
+
+    fn sample_rows(
+        logits: FloatTensor<Self>,
+        uniforms: Option<FloatTensor<Self>>,
+        temperature: f64,
+    ) -> Option<FloatTensor<Self>> {
+        Some(decode::sample_rows(logits, uniforms, temperature))
+    }
 }
 
 impl<R, F, I, BT> LogProbOps for CubeBackend<R, F, I, BT>
