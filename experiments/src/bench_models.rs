@@ -664,6 +664,34 @@ where
 mod tests {
     use super::*;
 
+    /// Launches by hand: kernel `a` 2 → 10 and `b` 0 → 4 over 2 tokens is 4 + 2 = 6 per
+    /// token; against a one-layer model's 2 per token, a 3-layer model launches
+    /// (6 − 2) / (3 − 1) = 2 per layer and 6 − 3·2 = 0 outside the layers.
+    #[test]
+    fn launches_split_into_layers_by_hand() {
+        let counts = |pairs: &[(&str, u64)]| -> BTreeMap<String, u64> {
+            pairs.iter().map(|(k, n)| (k.to_string(), *n)).collect()
+        };
+        let full = Launches::between(&counts(&[("a", 2)]), &counts(&[("a", 10), ("b", 4)]), 2.0);
+        assert_eq!(full.per_unit, 6.0);
+        assert_eq!(
+            full.by_kernel,
+            vec![("a".to_string(), 4.0), ("b".to_string(), 2.0)]
+        );
+        let one = Launches::between(&counts(&[]), &counts(&[("a", 2)]), 1.0);
+        let split = full.with_layers(&one, 3);
+        assert_eq!(
+            (split.per_layer, split.outside_layers),
+            (Some(2.0), Some(0.0))
+        );
+        // One layer: everything is the layer's, nothing outside it.
+        let single = one.clone().with_layers(&one, 1);
+        assert_eq!(
+            (single.per_layer, single.outside_layers),
+            (Some(2.0), Some(0.0))
+        );
+    }
+
     #[test]
     fn the_full_workloads_are_bench_md_s() {
         let full = workloads(false);
