@@ -9,7 +9,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::decode_kernel as kernel;
-use super::{address_type, prev_power_of_two};
+use super::{address_type, in_dtype, prev_power_of_two};
 use crate::decode::Heads;
 
 /// Units of a cube for a row of `n` elements: the next power of two, within the device's
@@ -56,10 +56,7 @@ pub(super) fn add_rms_norm<R: CubeRuntime>(
     let (residual, sum) = match residual {
         Some(r) => {
             let r = into_contiguous(r);
-            let r = match r.dtype == x.dtype {
-                true => r,
-                false => burn_cubecl::kernel::cast(r, x.dtype),
-            };
+            let r = in_dtype(r, x.dtype);
             (Some(r), empty())
         }
         None => (None, x.clone()),
@@ -123,10 +120,7 @@ pub(super) fn rotary_cache_write<R: CubeRuntime>(
     } = heads;
     let (q, k, v) = (into_contiguous(q), into_contiguous(k), into_contiguous(v));
     let dtype = q.dtype;
-    let same = |t: CubeTensor<R>| match t.dtype == dtype {
-        true => into_contiguous(t),
-        false => burn_cubecl::kernel::cast(into_contiguous(t), dtype),
-    };
+    let same = |t: CubeTensor<R>| in_dtype(into_contiguous(t), dtype);
     let (cos, sin) = (same(cos), same(sin));
     let has_bias = bias.each_ref().map(Option::is_some);
     let [bq, bk, bv] = bias.map(|b| match b {
@@ -201,10 +195,7 @@ pub(super) fn cached_attention<R: CubeRuntime>(
     }
     let seq = rows / group.max(1);
     let dtype = q.dtype;
-    let same = |t: CubeTensor<R>| match t.dtype == dtype {
-        true => t,
-        false => burn_cubecl::kernel::cast(t, dtype),
-    };
+    let same = |t: CubeTensor<R>| in_dtype(t, dtype);
     let (k_buffer, v_buffer) = (same(k_buffer), same(v_buffer));
     let out = empty_device_dtype(client.clone(), q.device.clone(), shape.clone(), dtype);
     let cubes = shape.num_elements() / head_dim.max(1);
@@ -214,11 +205,7 @@ pub(super) fn cached_attention<R: CubeRuntime>(
     let has_bias = bias.is_some();
     let (bias, shared_bias) = match bias {
         Some(b) => {
-            let b = into_contiguous(b);
-            let b = match b.dtype == DType::F32 {
-                true => b,
-                false => burn_cubecl::kernel::cast(b, DType::F32),
-            };
+            let b = in_dtype(into_contiguous(b), DType::F32);
             if b.meta.shape()[3] != keys {
                 return None;
             }
@@ -260,13 +247,7 @@ pub(super) fn sample_rows<R: CubeRuntime>(
     uniforms: Option<CubeTensor<R>>,
     temperature: f64,
 ) -> CubeTensor<R> {
-    let f32_of = |t: CubeTensor<R>| {
-        let t = into_contiguous(t);
-        match t.dtype == DType::F32 {
-            true => t,
-            false => burn_cubecl::kernel::cast(t, DType::F32),
-        }
-    };
+    let f32_of = |t: CubeTensor<R>| in_dtype(into_contiguous(t), DType::F32);
     let logits = f32_of(logits);
     let shape = logits.meta.shape().clone();
     let (rows, vocab) = (shape[0], shape[1]);

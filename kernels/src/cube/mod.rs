@@ -254,6 +254,14 @@ fn env_flags() -> &'static EnvFlags {
     })
 }
 
+/// `t` in `dtype`: itself where it already is, cast otherwise.
+fn in_dtype<R: CubeRuntime>(t: CubeTensor<R>, dtype: DType) -> CubeTensor<R> {
+    match t.dtype == dtype {
+        true => t,
+        false => burn_cubecl::kernel::cast(t, dtype),
+    }
+}
+
 fn prev_power_of_two(x: usize) -> usize {
     if x.is_power_of_two() {
         x
@@ -350,10 +358,7 @@ fn token_logprobs_bwd<R: CubeRuntime>(
     if rows == 0 || vocab == 0 {
         return out;
     }
-    let grad = match grad.dtype == logits.dtype {
-        true => grad,
-        false => burn_cubecl::kernel::cast(grad, logits.dtype),
-    };
+    let grad = in_dtype(grad, logits.dtype);
     let plan = Plan::new(&client, rows, vocab, logits.dtype.size());
     let dtypes = [logits.dtype.into(), targets.dtype.into()];
     let addr = address_type(&[&logits, &targets, &lse, &grad, &out]);
@@ -391,10 +396,7 @@ fn kl_full_fwd<R: CubeRuntime>(
         (rows, vocab),
         "kl_full: p and q shapes differ"
     );
-    let q = match q.dtype == p.dtype {
-        true => q,
-        false => burn_cubecl::kernel::cast(q, p.dtype),
-    };
+    let q = in_dtype(q, p.dtype);
     let client = p.client.clone();
     let device = p.device.clone();
     let row_f32 = || {
@@ -454,15 +456,9 @@ fn kl_full_bwd<R: CubeRuntime>(
     let client = p.client.clone();
     let device = p.device.clone();
     let (p_dtype, q_dtype) = (p.dtype, q.dtype);
-    let q = match q.dtype == p.dtype {
-        true => q,
-        false => burn_cubecl::kernel::cast(q, p.dtype),
-    };
+    let q = in_dtype(q, p.dtype);
     let grad = into_contiguous(grad);
-    let grad = match grad.dtype == p.dtype {
-        true => grad,
-        false => burn_cubecl::kernel::cast(grad, p.dtype),
-    };
+    let grad = in_dtype(grad, p.dtype);
     let [lse_p, lse_q, kl] = stats;
     let full = || {
         empty_device_dtype(
