@@ -7,6 +7,7 @@
 //! normal logits and uniform targets. Effective bandwidth = the bytes kernels/BENCH.md says must move
 //! (K1_fwd N·V·elt, K1_fwdbwd 2·N·V·elt, K2_fwd 2·N·V·elt) / median time.
 
+use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -48,6 +49,11 @@ pub(crate) struct BenchArgs {
     /// once, as a run's update with `shards: n` (rollouts are one batch).
     #[arg(long, default_value_t = 1)]
     shards: usize,
+    /// With --models: every selected workload with this many rows (rollout or PPO rows; the
+    /// lengths kept), named `…@rows<N>` — e.g. a full-size PPO step's time shares at a
+    /// fraction of its rows on a slow device.
+    #[arg(long, value_name = "N")]
+    rows: Option<usize>,
     /// With --models: only workloads whose name starts with one of these (e.g. R_small,T_small).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -57,6 +63,13 @@ pub(crate) struct BenchArgs {
     /// any device).
     #[arg(long)]
     launches: bool,
+    /// With --models on a Cube backend: --launches, and each counted launch timed (CubeCL's
+    /// `basic` profiling: the device waits for every kernel), the time per unit by kernel
+    /// in the table and the JSON — where a workload's device time goes after its warm-up,
+    /// compilation and autotuning apart. The workloads' own times are then not comparable
+    /// with unprofiled ones.
+    #[arg(long)]
+    profile: bool,
     /// ndarray, flex, wgpu, cuda or cuda:N (flex, wgpu and cuda need the matching cargo
     /// feature).
     #[arg(long, default_value = "ndarray")]
@@ -120,25 +133,27 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
             "rlany bench --models: give one --dtype (or none for each workload's own)".into()
         ));
     }
-    if args.n == 0 || args.reps == 0 || args.vocab.contains(&0) {
+    if args.n == 0 || args.reps == 0 || args.vocab.contains(&0) || args.rows == Some(0) {
         bail!(super::UsageError(
-            "rlany bench: --n, --reps and every --vocab must be positive".into()
+            "rlany bench: --n, --reps, --rows and every --vocab must be positive".into()
         ));
     }
     for d in &args.dtype {
         parse_dtype(d)?;
     }
     let backend = super::parse_backend(&args.backend)?;
-    if args.launches && (!args.models || backend.is_cpu()) {
+    if (args.launches || args.profile) && (!args.models || backend.is_cpu()) {
         bail!(super::UsageError(
-            "rlany bench --launches counts the model workloads' kernels on a Cube backend: \
-             pass --models and --backend wgpu or cuda"
+            "rlany bench --launches and --profile count the model workloads' kernels on a \
+             Cube backend: pass --models and --backend wgpu or cuda"
                 .into()
         ));
     }
     // Before the device exists: CubeCL reads its configuration once.
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    if args.launches {
+    if args.profile {
+        rlany_kernels::launches::profile_launches()?;
+    } else if args.launches {
         rlany_kernels::launches::count_launches()?;
     }
     match backend {
@@ -296,7 +311,8 @@ where
             &args.only,
             on_device,
             args.shards,
-            args.launches,
+            args.launches || args.profile,
+            args.rows,
         )?;
         print_model_table(&rows);
         print_launches(&rows);
@@ -307,8 +323,17 @@ where
                     .iter()
                     .map(|(k, n)| (k.clone(), (*n).into()))
                     .collect();
+                let ms_by_kernel: serde_json::Map<String, serde_json::Value> = l
+                    .ms_by_kernel
+                    .iter()
+                    .map(|(k, ms)| (k.clone(), (*ms).into()))
+                    .collect();
+                let profiled = !l.ms_by_kernel.is_empty();
                 serde_json::json!({
                     "per_unit": l.per_unit,
+                    "profiled_ms_per_unit": profiled
+                        .then(|| l.ms_by_kernel.iter().map(|(_, ms)| ms).sum::<f64>()),
+                    "ms_by_kernel": profiled.then_some(ms_by_kernel),
                     "unit": if l.per_layer.is_some() { "decoded token" } else { "step" },
                     "per_layer_per_token": l.per_layer,
                     "outside_layers_per_token": l.outside_layers,
@@ -397,6 +422,31 @@ fn print_launches(rows: &[crate::bench_models::ModelRow]) {
         for (kernel, n) in l.by_kernel.iter().take(5) {
             let short: String = kernel.chars().take(90).collect();
             println!("{:<18} {n:>8.1}  {short}", "");
+        }
+        if l.ms_by_kernel.is_empty() {
+            continue;
+        }
+        // Profiled: where the device's time goes, by kernel, with each one's launches.
+        let total: f64 = l.ms_by_kernel.iter().map(|(_, ms)| ms).sum();
+        let unit = if l.per_layer.is_some() {
+            "decoded token"
+        } else {
+            "PPO step"
+        };
+        println!(
+            "{:<18} {total:>8.2} ms of kernels per {unit} (profiled), the most time first:",
+            r.name
+        );
+        let launched: BTreeMap<&str, f64> =
+            l.by_kernel.iter().map(|(k, n)| (k.as_str(), *n)).collect();
+        for (kernel, ms) in l.ms_by_kernel.iter().take(12) {
+            let short: String = kernel.chars().take(80).collect();
+            let n = launched.get(kernel.as_str()).copied().unwrap_or(0.0);
+            println!(
+                "{:<18} {ms:>8.2} ms {:>5.1}% {n:>7.1}x  {short}",
+                "",
+                100.0 * ms / total
+            );
         }
     }
 }

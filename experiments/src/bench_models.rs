@@ -273,6 +273,27 @@ impl Shape {
 }
 
 impl Workload {
+    /// This workload with `rows` rows (rollout rows or PPO rows), named `<name>@rows<rows>` so
+    /// that it is never set beside the workload's own size: the shares of a PPO step's time
+    /// at a fraction of its rows on a slow device.
+    pub(crate) fn with_rows(&self, rows: usize) -> Self {
+        let work = match self.work {
+            Work::Rollout {
+                prompt, sampled, ..
+            } => Work::Rollout {
+                batch: rows,
+                prompt,
+                sampled,
+            },
+            Work::Train { seq, .. } => Work::Train { batch: rows, seq },
+        };
+        Self {
+            name: format!("{}@rows{rows}", self.name),
+            work,
+            ..self.clone()
+        }
+    }
+
     /// FLOPs of one PPO step's dense products (`None` for a rollout): per trained token, the
     /// forward's `2·W` (W = [`Shape::product_weights`]), the backward's input gradients `2·W`
     /// and, where the weights train, their gradients `2·W` more. A frozen base with adapters
@@ -342,26 +363,66 @@ pub(crate) struct Launches {
     pub outside_layers: Option<f64>,
     /// By kernel name, per unit, most launched first.
     pub by_kernel: Vec<(String, f64)>,
+    /// With `--profile`: milliseconds in each kernel per unit, the most time first (empty
+    /// when launches are only counted).
+    pub ms_by_kernel: Vec<(String, f64)>,
+}
+
+/// The launch counter's totals at one moment: launches and (profiled) milliseconds by kernel.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Tally {
+    pub counts: BTreeMap<String, u64>,
+    pub ms: BTreeMap<String, f64>,
+}
+
+impl Tally {
+    /// What happened between `self` and a later tally `b`.
+    fn since(&self, b: Tally) -> Tally {
+        Tally {
+            counts: b
+                .counts
+                .into_iter()
+                .map(|(k, n)| {
+                    let before = self.counts.get(&k).copied().unwrap_or(0).min(n);
+                    (k, n - before)
+                })
+                .collect(),
+            ms: b
+                .ms
+                .into_iter()
+                .map(|(k, t)| {
+                    (
+                        k.clone(),
+                        (t - self.ms.get(&k).copied().unwrap_or(0.0)).max(0.0),
+                    )
+                })
+                .collect(),
+        }
+    }
 }
 
 impl Launches {
-    /// From launch counts `a` and `b` (later): the difference per unit.
-    fn between(a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>, units: f64) -> Self {
-        let mut by_kernel: Vec<(String, f64)> = b
-            .iter()
-            .map(|(k, &n)| {
-                let before = a.get(k).copied().unwrap_or(0).min(n) as f64;
-                (k.clone(), (n as f64 - before) / units)
-            })
-            .filter(|(_, n)| *n != 0.0)
-            .collect();
-        by_kernel.sort_by(|x, y| y.1.total_cmp(&x.1).then_with(|| x.0.cmp(&y.0)));
+    /// From tallies `a` and `b` (later): the difference per unit.
+    fn between(a: &Tally, b: &Tally, units: f64) -> Self {
+        let per_unit_sorted = |diff: Vec<(String, f64)>| {
+            let mut v: Vec<(String, f64)> = diff
+                .into_iter()
+                .map(|(k, x)| (k, x / units))
+                .filter(|(_, x)| *x != 0.0)
+                .collect();
+            v.sort_by(|x, y| y.1.total_cmp(&x.1).then_with(|| x.0.cmp(&y.0)));
+            v
+        };
+        let d = a.since(b.clone());
+        let by_kernel = per_unit_sorted(d.counts.into_iter().map(|(k, n)| (k, n as f64)).collect());
+        let ms_by_kernel = per_unit_sorted(d.ms.into_iter().collect());
         let per_unit = by_kernel.iter().map(|(_, n)| n).sum::<f64>();
         Self {
             per_unit,
             per_layer: None,
             outside_layers: None,
             by_kernel,
+            ms_by_kernel,
         }
     }
 
@@ -380,16 +441,19 @@ impl Launches {
     }
 }
 
-/// Reads the launch counter after synchronising the device (`None` where nothing counts).
-fn launch_counts<B: Backend>(device: &B::Device) -> Result<BTreeMap<String, u64>> {
+/// Reads the launch counter after synchronising the device (empty where nothing counts).
+fn launch_counts<B: Backend>(device: &B::Device) -> Result<Tally> {
     B::sync(device).map_err(|e| anyhow::anyhow!("device sync: {e}"))?;
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     {
-        Ok(rlany_kernels::launches::launches())
+        Ok(Tally {
+            counts: rlany_kernels::launches::launches(),
+            ms: rlany_kernels::launches::kernel_times(),
+        })
     }
     #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     {
-        Ok(BTreeMap::new())
+        Ok(Tally::default())
     }
 }
 
@@ -412,6 +476,7 @@ pub(crate) fn run<B>(
     on_device: bool,
     shards: usize,
     count: bool,
+    batch_rows: Option<usize>,
 ) -> Result<Vec<ModelRow>>
 where
     B: AutodiffBackend + AutodiffLogProbOps,
@@ -422,6 +487,10 @@ where
         if !only.is_empty() && !only.iter().any(|o| wl.name.starts_with(o.as_str())) {
             continue;
         }
+        let wl = match batch_rows {
+            Some(n) => wl.with_rows(n),
+            None => wl,
+        };
         let dt = dtype.unwrap_or(wl.shape.dtype);
         let dname = super::bench::dtype_name(dt);
         if !<B::InnerBackend as Backend>::supports_dtype(device, dt.into()) {
@@ -532,7 +601,7 @@ fn rollout<B: AttentionOps>(
     // the tokens between them launched.
     let half = sampled / 2;
     let per_token = |model: &Transformer<B>, rng: &mut Rng| -> Result<Launches> {
-        let mut launched = |n: usize| -> Result<BTreeMap<String, u64>> {
+        let mut launched = |n: usize| -> Result<Tally> {
             let params = SampleParams {
                 max_new_tokens: n,
                 ..params.clone()
@@ -540,14 +609,7 @@ fn rollout<B: AttentionOps>(
             drop(model.generate(&prompts, &params, rng));
             let before = launch_counts::<B>(device)?;
             drop(model.generate(&prompts, &params, rng));
-            let after = launch_counts::<B>(device)?;
-            Ok(after
-                .into_iter()
-                .map(|(k, n)| {
-                    let since = n - before.get(&k).copied().unwrap_or(0).min(n);
-                    (k, since)
-                })
-                .collect())
+            Ok(before.since(launch_counts::<B>(device)?))
         };
         let (short, long) = (launched(half)?, launched(sampled)?);
         Ok(Launches::between(&short, &long, (sampled - half) as f64))
@@ -669,8 +731,9 @@ mod tests {
     /// (6 − 2) / (3 − 1) = 2 per layer and 6 − 3·2 = 0 outside the layers.
     #[test]
     fn launches_split_into_layers_by_hand() {
-        let counts = |pairs: &[(&str, u64)]| -> BTreeMap<String, u64> {
-            pairs.iter().map(|(k, n)| (k.to_string(), *n)).collect()
+        let counts = |pairs: &[(&str, u64)]| Tally {
+            counts: pairs.iter().map(|(k, n)| (k.to_string(), *n)).collect(),
+            ms: BTreeMap::new(),
         };
         let full = Launches::between(&counts(&[("a", 2)]), &counts(&[("a", 10), ("b", 4)]), 2.0);
         assert_eq!(full.per_unit, 6.0);
@@ -689,6 +752,45 @@ mod tests {
         assert_eq!(
             (single.per_layer, single.outside_layers),
             (Some(2.0), Some(0.0))
+        );
+        assert!(full.ms_by_kernel.is_empty(), "counted, not profiled");
+    }
+
+    /// Profiled times by hand: `a` 1.0 → 7.0 ms and `b` 0 → 2.0 ms over 2 steps is 3.0 and
+    /// 1.0 ms a step, the most time first; a kernel with no time since is left out.
+    #[test]
+    fn profiled_times_are_per_unit_by_hand() {
+        let tally = |pairs: &[(&str, f64)]| Tally {
+            counts: pairs.iter().map(|(k, _)| (k.to_string(), 1)).collect(),
+            ms: pairs.iter().map(|(k, t)| (k.to_string(), *t)).collect(),
+        };
+        let l = Launches::between(
+            &tally(&[("a", 1.0), ("c", 5.0)]),
+            &tally(&[("a", 7.0), ("b", 2.0), ("c", 5.0)]),
+            2.0,
+        );
+        assert_eq!(
+            l.ms_by_kernel,
+            vec![("a".to_string(), 3.0), ("b".to_string(), 1.0)]
+        );
+    }
+
+    #[test]
+    fn fewer_rows_rename_the_workload_and_keep_its_lengths() {
+        let full = workloads(false);
+        let t = full.iter().find(|w| w.name == "T_small").expect("T_small");
+        let t8 = t.with_rows(8);
+        assert_eq!(t8.name, "T_small@rows8");
+        assert_eq!(t8.work, Work::Train { batch: 8, seq: 256 });
+        assert_eq!(t8.tokens(), 8 * 256);
+        let r = full.iter().find(|w| w.name == "R_small").expect("R_small");
+        assert_eq!(
+            r.with_rows(2).work,
+            Work::Rollout {
+                batch: 2,
+                prompt: 64,
+                sampled: 192
+            }
         );
     }
 

@@ -40,13 +40,8 @@ pub trait AttentionOps: Backend {
         bias: Option<FloatTensor<Self>>,
         group: usize,
     ) -> FloatTensor<Self> {
-        into_prim(reference_grouped_attention::<Self>(
-            float(q),
-            float(k),
-            float(v),
-            bias.map(float),
-            group,
-        ))
+        let probs = probabilities_with::<Self>(float(q), float(k), bias.map(float), group);
+        into_prim(probs.matmul(float(v)))
     }
 
     /// `(dq, dk, dv)` for the output gradient `grad`, the probabilities `P` recomputed:
@@ -66,18 +61,50 @@ pub trait AttentionOps: Backend {
         );
         let grad = float::<Self, 4>(grad);
         let dtype = v.dtype();
-        let probs = probabilities(q.clone(), k.clone(), bias.map(float), group);
+        let probs = probabilities_with::<Self>(q.clone(), k.clone(), bias.map(float), group);
         // [batch, kv_heads, keys, group * seq] x [batch, kv_heads, group * seq, head_dim]
         let dv = probs.clone().swap_dims(2, 3).matmul(grad.clone());
         // [batch, kv_heads, group * seq, keys]
-        let dprobs = grad.matmul(v.swap_dims(2, 3)).cast(DType::F32);
-        let probs = probs.cast(DType::F32);
-        // [batch, kv_heads, group * seq, 1]
-        let centre = (probs.clone() * dprobs.clone()).sum_dim(3);
-        let dscores = (probs * (dprobs - centre)).cast(dtype);
+        let dprobs = grad.matmul(v.swap_dims(2, 3));
+        let dscores = float::<Self, 4>(Self::softmax_backward(into_prim(probs), into_prim(dprobs)));
+        debug_assert_eq!(dscores.dtype(), dtype);
         let dq = dscores.clone().matmul(k);
         let dk = dscores.swap_dims(2, 3).matmul(q);
         [into_prim(dq), into_prim(dk), into_prim(dv)]
+    }
+
+    /// `softmax(scores + bias)` over the last axis, in f32 whatever the scores' dtype, returned
+    /// in it: the attention's probabilities. The Cube backends do it in one pass per row
+    /// (`cube/softmax_kernel.rs`); the default is the composition (a cast, the bias's add, a
+    /// max, a difference, an exponential, a sum and a division, each a pass over
+    /// `[heads, seq, keys]`).
+    ///
+    /// # Shapes
+    /// - `scores`: `[batch, heads, seq, keys]`
+    /// - `bias`: `[batch or 1, 1, seq, keys]` (f32)
+    /// - output: `[batch, heads, seq, keys]`
+    fn attention_softmax(
+        scores: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        into_prim(reference_attention_softmax::<Self>(
+            float(scores),
+            bias.map(float),
+        ))
+    }
+
+    /// The softmax's backward: `P ⊙ (dP − rowsum(P ⊙ dP))` over the last axis, in f32,
+    /// returned in `P`'s dtype. One pass per row on the Cube backends; the composition by
+    /// default.
+    ///
+    /// # Shapes
+    /// - `probs`, `dprobs`: `[batch, heads, rows, keys]`
+    /// - output: `[batch, heads, rows, keys]`
+    fn softmax_backward(probs: FloatTensor<Self>, dprobs: FloatTensor<Self>) -> FloatTensor<Self> {
+        into_prim(reference_softmax_backward::<Self>(
+            float(probs),
+            float(dprobs),
+        ))
     }
 
     /// [`grouped_attention`](Self::grouped_attention) over the first `keys` positions of a
@@ -245,7 +272,8 @@ pub fn reference_grouped_attention<B: Backend>(
     probabilities(q, k, bias, group).matmul(v)
 }
 
-/// `softmax(q kᵀ + bias)` in f32, returned in `q`'s dtype.
+/// `softmax(q kᵀ + bias)` in f32, returned in `q`'s dtype: the composition (the reference
+/// twin's).
 ///
 /// # Shapes
 /// - `q`: `[batch, kv_heads, group * seq, head_dim]`; `k`: `[batch, kv_heads, keys, head_dim]`
@@ -257,6 +285,30 @@ fn probabilities<B: Backend>(
     bias: Option<Tensor<B, 4>>,
     group: usize,
 ) -> Tensor<B, 4> {
+    scores_then(q, k, group, |scores| {
+        reference_attention_softmax(scores, bias)
+    })
+}
+
+/// [`probabilities`] with the backend's [`AttentionOps::attention_softmax`].
+fn probabilities_with<B: AttentionOps>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    bias: Option<Tensor<B, 4>>,
+    group: usize,
+) -> Tensor<B, 4> {
+    scores_then(q, k, group, |scores| {
+        float(B::attention_softmax(into_prim(scores), bias.map(into_prim)))
+    })
+}
+
+/// `q kᵀ` as `[batch, heads, seq, keys]`, `softmax` applied, back in `q`'s row layout.
+fn scores_then<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    group: usize,
+    softmax: impl FnOnce(Tensor<B, 4>) -> Tensor<B, 4>,
+) -> Tensor<B, 4> {
     let [batch, kv_heads, rows, _] = q.dims();
     let keys = k.dims()[2];
     let seq = rows / group.max(1);
@@ -264,15 +316,41 @@ fn probabilities<B: Backend>(
     let scores = q
         .matmul(k.swap_dims(2, 3))
         .reshape([batch, kv_heads * group, seq, keys]);
+    // [batch, heads, seq, keys] -> [batch, kv_heads, group * seq, keys]
+    softmax(scores).reshape([batch, kv_heads, rows, keys])
+}
+
+/// The reference twin of [`AttentionOps::attention_softmax`]: cast to f32, add the bias,
+/// softmax over the last axis, cast back.
+///
+/// # Shapes
+/// As [`AttentionOps::attention_softmax`].
+pub fn reference_attention_softmax<B: Backend>(
+    scores: Tensor<B, 4>,
+    bias: Option<Tensor<B, 4>>,
+) -> Tensor<B, 4> {
     let dtype = scores.dtype();
     let mut scores = scores.cast(DType::F32);
     if let Some(bias) = bias {
         scores = scores + bias;
     }
-    // [batch, heads, seq, keys] -> [batch, kv_heads, group * seq, keys]
-    softmax(scores, 3)
-        .cast(dtype)
-        .reshape([batch, kv_heads, rows, keys])
+    softmax(scores, 3).cast(dtype)
+}
+
+/// The reference twin of [`AttentionOps::softmax_backward`]: `P ⊙ (dP − rowsum(P ⊙ dP))` in
+/// f32, cast to `P`'s dtype.
+///
+/// # Shapes
+/// As [`AttentionOps::softmax_backward`].
+pub fn reference_softmax_backward<B: Backend>(
+    probs: Tensor<B, 4>,
+    dprobs: Tensor<B, 4>,
+) -> Tensor<B, 4> {
+    let dtype = probs.dtype();
+    let (probs, dprobs) = (probs.cast(DType::F32), dprobs.cast(DType::F32));
+    // [batch, heads, rows, 1]
+    let centre = (probs.clone() * dprobs.clone()).sum_dim(3);
+    (probs * (dprobs - centre)).cast(dtype)
 }
 
 /// Tensor-level wrapper: [`AttentionOps::grouped_attention`] on `B` (the backward-recomputing

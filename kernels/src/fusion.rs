@@ -120,10 +120,16 @@ enum DecodeKind {
     Attention { keys: usize, group: usize },
     /// Inputs `[logits, (uniforms)]`; output `[rows, 2]`.
     Sample { temperature: f64 },
+    /// Inputs `[x, cos, sin]`; output the rotated `x` (training's rotary too).
+    Rotate,
+    /// Inputs `[scores, (bias)]`; output the probabilities (training's attention).
+    Softmax,
+    /// Inputs `[probs, dprobs]`; output the scores' gradient (training's attention).
+    SoftmaxBackward,
 }
 
-/// One op of the fused decode step ([`crate::decode`]) in the fusion stream, run by the inner
-/// backend's kernels when the stream executes.
+/// One op of the fused decode step ([`crate::decode`]), or the rotary that training shares
+/// with it, in the fusion stream, run by the inner backend's kernels when the stream executes.
 #[derive(Clone, Debug)]
 struct DecodeOp<B> {
     desc: CustomOpIr,
@@ -181,6 +187,22 @@ impl<B: FusionBackend + LogProbOps> Operation<B::FusionRuntime> for DecodeOp<B> 
                 });
                 vec![out]
             }
+            DecodeKind::Softmax => {
+                let bias = (inputs.len() == 2).then(|| inputs.pop().expect("bias"));
+                let scores = inputs.pop().expect("scores");
+                vec![B::attention_softmax(scores, bias)]
+            }
+            DecodeKind::SoftmaxBackward => {
+                let dprobs = inputs.pop().expect("dprobs");
+                let probs = inputs.pop().expect("probs");
+                vec![B::softmax_backward(probs, dprobs)]
+            }
+            DecodeKind::Rotate => {
+                let [x, cos, sin]: [FloatTensor<B>; 3] = inputs
+                    .try_into()
+                    .unwrap_or_else(|_| unreachable!("three inputs"));
+                vec![B::rotary(x, cos, sin)]
+            }
             DecodeKind::Sample { temperature } => {
                 let uniforms = (inputs.len() == 2).then(|| inputs.pop().expect("uniforms"));
                 let logits = inputs.pop().expect("logits");
@@ -223,6 +245,66 @@ fn decode_op<B: FusionBackend + LogProbOps>(
 /// training ops keep the default composition, in fused operations.
 impl<B: FusionBackend + LogProbOps> AttentionOps for Fusion<B> {
     const DECODE_KERNELS: bool = B::DECODE_KERNELS;
+
+    fn rotary(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        if !B::DECODE_KERNELS {
+            return crate::ops::into_prim(crate::rotary::reference_rotary::<Self>(
+                float(x),
+                float(cos),
+                float(sin),
+            ));
+        }
+        let out = (x.shape.clone(), x.dtype);
+        decode_op::<B>(
+            "rlany_rotary",
+            vec![x, cos, sin],
+            &[out],
+            DecodeKind::Rotate,
+        )
+        .remove(0)
+    }
+
+    fn attention_softmax(
+        scores: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        if !B::DECODE_KERNELS {
+            return crate::ops::into_prim(crate::attention::reference_attention_softmax::<Self>(
+                float(scores),
+                bias.map(float),
+            ));
+        }
+        let out = (scores.shape.clone(), scores.dtype);
+        let inputs: Vec<_> = [scores].into_iter().chain(bias).collect();
+        decode_op::<B>(
+            "rlany_attention_softmax",
+            inputs,
+            &[out],
+            DecodeKind::Softmax,
+        )
+        .remove(0)
+    }
+
+    fn softmax_backward(probs: FloatTensor<Self>, dprobs: FloatTensor<Self>) -> FloatTensor<Self> {
+        if !B::DECODE_KERNELS {
+            return crate::ops::into_prim(crate::attention::reference_softmax_backward::<Self>(
+                float(probs),
+                float(dprobs),
+            ));
+        }
+        let out = (probs.shape.clone(), probs.dtype);
+        decode_op::<B>(
+            "rlany_softmax_backward",
+            vec![probs, dprobs],
+            &[out],
+            DecodeKind::SoftmaxBackward,
+        )
+        .remove(0)
+    }
 
     fn add_rms_norm(
         x: FloatTensor<Self>,

@@ -9,6 +9,12 @@
 //! [`launches`] reads the counts after the runtime's log has drained. Nothing else is logged.
 //! Autotuning launches candidate kernels the first time an operation runs: count a workload
 //! after its warm-up.
+//!
+//! [`profile_launches`] counts the same way and also times each launch (CubeCL's `basic`
+//! level: the runtime waits for every kernel to finish and logs `| <time> | <kernel>`);
+//! [`kernel_times`] sums those times by kernel name. A wait per launch hides the overlap of
+//! launching and running, so the times say where the device's work goes, not how long the
+//! workload takes unprofiled.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -20,6 +26,10 @@ use cubecl_common::config::logger::LogCrateLevel;
 
 /// Launches by kernel name since [`count_launches`] (names as CubeCL formats them).
 static COUNTS: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
+
+/// Time spent in the launched kernels by kernel name since [`profile_launches`] (or
+/// [`watch_grids`]), in nanoseconds.
+static TIMES: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
 
 /// Launches with a grid of no cube (a zero in a static cube count) by kernel name, since
 /// [`watch_grids`].
@@ -52,13 +62,17 @@ impl log::Log for Counter {
         if let Some(name) = line.strip_prefix("Executing ") {
             let mut counts = COUNTS.lock().unwrap_or_else(|p| p.into_inner());
             *counts.entry(name.to_string()).or_default() += 1;
-        } else if let Some((name, grid)) = launch_with_grid(&line) {
-            let mut counts = COUNTS.lock().unwrap_or_else(|p| p.into_inner());
-            *counts.entry(name.to_string()).or_default() += 1;
-            if grid.is_some_and(|g| g.contains(&0)) {
+        } else if let Some(launch) = timed_launch(&line) {
+            let mut times = TIMES.lock().unwrap_or_else(|p| p.into_inner());
+            *times.entry(launch.name.to_string()).or_default() += launch.nanos;
+            drop(times);
+            if launch.grid.is_some_and(|g| g.contains(&0)) {
                 let mut empty = EMPTY_GRIDS.lock().unwrap_or_else(|p| p.into_inner());
-                *empty.entry(name.to_string()).or_default() += 1;
+                *empty.entry(launch.name.to_string()).or_default() += 1;
             }
+            // Counted last: `launches` waits for the counts, so the times are in by then.
+            let mut counts = COUNTS.lock().unwrap_or_else(|p| p.into_inner());
+            *counts.entry(launch.name.to_string()).or_default() += 1;
         }
     }
 
@@ -67,13 +81,29 @@ impl log::Log for Counter {
 
 static COUNTER: Counter = Counter;
 
-/// A launch record of CubeCL's `full` profiling level, `| <time> | <kernel>: <id> CubeCount
-/// (x, y, z)` (the id's display spans lines): the kernel's name and its static grid (`None`
-/// for a grid read from a device buffer).
-fn launch_with_grid(line: &str) -> Option<(&str, Option<[u32; 3]>)> {
-    let (head, count) = line.rsplit_once(" CubeCount ")?;
-    let (_time, launch) = head.strip_prefix("| ")?.split_once(" | ")?;
-    let name = launch.split_once(": ").map_or(launch, |(n, _)| n);
+/// One timed launch record: `basic` level `| <time> | <kernel>`, or `full` level `| <time>
+/// | <kernel>: <id> CubeCount (x, y, z)` (the id's display spans lines).
+#[derive(Debug, PartialEq)]
+struct TimedLaunch<'a> {
+    name: &'a str,
+    /// The kernel's time (`Duration`'s debug form in the record).
+    nanos: u64,
+    /// The static grid (`full` level; `None` for a grid read from a device buffer or a
+    /// `basic` record).
+    grid: Option<[u32; 3]>,
+}
+
+fn timed_launch(line: &str) -> Option<TimedLaunch<'_>> {
+    let (time, launch) = line.strip_prefix("| ")?.split_once(" | ")?;
+    let nanos = parse_duration(time.trim())?;
+    let Some((head, count)) = launch.rsplit_once(" CubeCount ") else {
+        return Some(TimedLaunch {
+            name: launch.trim_end(),
+            nanos,
+            grid: None,
+        });
+    };
+    let name = head.split_once(": ").map_or(head, |(n, _)| n);
     let count = count.trim();
     let grid = count
         .strip_prefix("Static")
@@ -87,7 +117,17 @@ fn launch_with_grid(line: &str) -> Option<(&str, Option<[u32; 3]>)> {
                 .collect();
             <[u32; 3]>::try_from(dims).ok()
         });
-    Some((name, grid))
+    Some(TimedLaunch { name, nanos, grid })
+}
+
+/// `Duration`'s debug form (`0ns`, `812ns`, `12.5µs`, `1.234567ms`, `2.5s`) in nanoseconds.
+fn parse_duration(text: &str) -> Option<u64> {
+    let units = [("ns", 1.0), ("µs", 1e3), ("ms", 1e6), ("s", 1e9)];
+    let (number, scale) = units
+        .iter()
+        .find_map(|(unit, scale)| text.strip_suffix(unit).map(|n| (n, *scale)))?;
+    let value: f64 = number.parse().ok()?;
+    (value.is_finite() && value >= 0.0).then(|| (value * scale).round() as u64)
 }
 
 /// Starts counting every kernel launch of the process's Cube devices. Call it before the
@@ -110,6 +150,29 @@ pub fn count_launches() -> Result<(), LaunchCountError> {
 /// As [`count_launches`].
 pub fn watch_grids() -> Result<(), LaunchCountError> {
     start(ProfilingLogLevel::Full)
+}
+
+/// Starts counting launches as [`count_launches`] does and also times each one
+/// ([`kernel_times`]): CubeCL's `basic` profiling level, which waits for every kernel to
+/// finish (slower than an unprofiled run; the times are the kernels', not the run's).
+///
+/// # Errors
+/// As [`count_launches`].
+pub fn profile_launches() -> Result<(), LaunchCountError> {
+    start(ProfilingLogLevel::Basic)
+}
+
+/// The time spent in each kernel since [`profile_launches`], in milliseconds by kernel name
+/// (after the runtime's log has drained, as [`launches`]); empty when launches are only
+/// counted.
+pub fn kernel_times() -> BTreeMap<String, f64> {
+    let _ = launches();
+    TIMES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|(k, &ns)| (k.clone(), ns as f64 * 1e-6))
+        .collect()
 }
 
 /// Launches with an empty grid since [`watch_grids`], by kernel name (after the runtime's
@@ -154,11 +217,12 @@ pub fn launches() -> BTreeMap<String, u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::launch_with_grid;
+    use super::{TimedLaunch, parse_duration, timed_launch};
 
     /// The line format of CubeCL 0.10's `full` profiling level (`client.rs`, `launch_inner`).
     #[test]
     fn full_profiling_lines_give_the_kernel_and_its_grid() {
+        let launch_with_grid = |line| timed_launch(line).map(|l| (l.name, l.grid));
         // As llvmpipe logged it for a tensor of no elements filled with zeros.
         let line = "| 0ns        | burn_cubecl::FullKernel<WgpuRuntime>: FullKernelInfo {\n    \
                     settings: KernelSettings {\n    },\n} CubeCount (0, 0, 0)";
@@ -174,5 +238,32 @@ mod tests {
         let dynamic = "| 3µs | Matmul: 0x2 CubeCount Dynamic(Binding { id: 4 })";
         assert_eq!(launch_with_grid(dynamic), Some(("Matmul", None)));
         assert_eq!(launch_with_grid("Executing Copy"), None);
+    }
+
+    /// The `basic` level's record (`logging/server.rs`: `| {duration:<10?} | {name}`) and
+    /// `Duration`'s debug form.
+    #[test]
+    fn basic_profiling_lines_give_the_kernel_and_its_time() {
+        assert_eq!(
+            timed_launch("| 1.5ms      | burn_cubecl::kernel::matmul::Tiling"),
+            Some(TimedLaunch {
+                name: "burn_cubecl::kernel::matmul::Tiling",
+                nanos: 1_500_000,
+                grid: None,
+            })
+        );
+        assert_eq!(
+            timed_launch("| 2.25µs     | Fused").map(|l| l.nanos),
+            Some(2250)
+        );
+        assert_eq!(parse_duration("0ns"), Some(0));
+        assert_eq!(parse_duration("812ns"), Some(812));
+        assert_eq!(parse_duration("1.234567ms"), Some(1_234_567));
+        assert_eq!(parse_duration("2.5s"), Some(2_500_000_000));
+        assert_eq!(parse_duration("ms"), None);
+        assert_eq!(parse_duration("1.2 ms"), None);
+        // The summary table CubeCL logs at each sync is not a launch.
+        assert_eq!(timed_launch("|⎺⎺⎺⎺| \n| Kernel Name | Count |"), None);
+        assert_eq!(timed_launch("| Kernel Name | Count | Total |"), None);
     }
 }

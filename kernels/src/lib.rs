@@ -44,7 +44,10 @@ pub mod packed;
 pub mod reference;
 pub mod rotary;
 
-pub use attention::{AttentionOps, grouped_attention, reference_grouped_attention};
+pub use attention::{
+    AttentionOps, grouped_attention, reference_attention_softmax, reference_grouped_attention,
+    reference_softmax_backward,
+};
 pub use decode::{Heads, add_rms_norm, rotary_cache_write};
 pub use fused::KernelChoice;
 pub use ops::{AutodiffLogProbOps, KlStats, LogProbOps};

@@ -334,6 +334,8 @@ const ATTENTION_SHAPES: &[(usize, usize, usize, usize, usize, usize, u8)] = &[
     (3, 2, 2, 7, 4, 8, 2),
     (1, 3, 3, 16, 9, 64, 2),
     (2, 2, 1, 9, 0, 5, 0),
+    // More keys than a cube has units: the softmax kernels' rows in several strides.
+    (2, 1, 2, 3, 300, 8, 2),
 ];
 
 /// An additive f32 bias `[rows, 1, seq, keys]`: key `j` hidden from query `i` when
@@ -426,6 +428,55 @@ where
             group,
         );
         assert_eq!(to_f32(inner), got.0, "{ctx}: untracked forward");
+    }
+}
+
+/// The attention's softmax and its backward ([`crate::AttentionOps::attention_softmax`],
+/// [`crate::AttentionOps::softmax_backward`]) against their reference twins: rows shorter and
+/// longer than a cube, no bias, a shared bias and one per row with a fully masked row.
+fn check_softmax_ops<B: crate::AttentionOps>(device: &B::Device, seed: u64) {
+    use crate::{reference_attention_softmax, reference_softmax_backward};
+    let mut rng = Rng(seed);
+    for &(batch, heads, seq, keys, bias_rows) in &[
+        (2, 3, 4, 5, 0),
+        (2, 2, 3, 300, 1),
+        (3, 1, 2, 7, 3),
+        (1, 2, 1, 513, 1),
+    ] {
+        let ctx = format!("softmax b{batch} h{heads} s{seq} k{keys} bias{bias_rows}");
+        let mut random = |shape: [usize; 4], spread: f64| {
+            let n = shape.iter().product();
+            let values = (0..n).map(|_| rng.uniform(-spread, spread)).collect();
+            Tensor::<B, 4>::from_data(TensorData::new(values, shape), device)
+        };
+        let scores = random([batch, heads, seq, keys], 8.0);
+        let dprobs = random([batch, heads, seq, keys], 1.0);
+        let bias = (bias_rows > 0).then(|| {
+            let mut values = vec![0f32; bias_rows * seq * keys];
+            for (i, v) in values.iter_mut().enumerate() {
+                // Every third key masked, and the last bias row's first query wholly.
+                let (row, key) = (i / keys, i % keys);
+                if key % 3 == 2 || (bias_rows > 1 && row == (bias_rows - 1) * seq) {
+                    *v = -1.0e9;
+                }
+            }
+            Tensor::<B, 4>::from_data(TensorData::new(values, [bias_rows, 1, seq, keys]), device)
+        });
+        let want = to_vec(reference_attention_softmax(scores.clone(), bias.clone()));
+        let got: Tensor<B, 4> =
+            Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(B::attention_softmax(
+                scores.clone().into_primitive().tensor(),
+                bias.map(|b| b.into_primitive().tensor()),
+            )));
+        let probs = got.clone();
+        assert_near(&format!("{ctx}: probabilities"), &to_vec(got), &want, 1e-6);
+        let want = to_vec(reference_softmax_backward(probs.clone(), dprobs.clone()));
+        let got: Tensor<B, 4> =
+            Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(B::softmax_backward(
+                probs.into_primitive().tensor(),
+                dprobs.into_primitive().tensor(),
+            )));
+        assert_near(&format!("{ctx}: backward"), &to_vec(got), &want, 1e-6);
     }
 }
 
@@ -931,6 +982,13 @@ mod wgpu {
     fn recomputing_attention_matches_its_reference_twin() {
         check_attention_vs_reference::<B>(&Default::default(), 14);
         check_attention_by_hand::<B>(&Default::default());
+        check_softmax_ops::<Wgpu>(&Default::default(), 18);
+    }
+
+    /// The one-pass rotary through the fusion stream, and its backward node.
+    #[test]
+    fn rotary_matches_its_reference_twin() {
+        check_rotary_vs_reference::<B>(&Default::default(), 16);
     }
 
     /// Through the fusion stream (custom ops that run the Cube kernels).
@@ -970,6 +1028,17 @@ mod wgpu_cube {
     #[test]
     fn kernel_choice_dispatches() {
         check_kernel_choice_dispatches::<Raw>(&Default::default());
+    }
+
+    #[test]
+    fn rotary_matches_its_reference_twin() {
+        check_rotary_vs_reference::<B>(&Default::default(), 17);
+    }
+
+    #[test]
+    fn recomputing_attention_matches_its_reference_twin() {
+        check_attention_vs_reference::<B>(&Default::default(), 19);
+        check_softmax_ops::<Raw>(&Default::default(), 20);
     }
 
     #[test]

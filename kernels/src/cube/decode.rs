@@ -14,7 +14,7 @@ use crate::decode::Heads;
 
 /// Units of a cube for a row of `n` elements: the next power of two, within the device's
 /// limit and 256.
-fn units_for<R: CubeRuntime>(client: &ComputeClient<R>, n: usize) -> usize {
+pub(super) fn units_for<R: CubeRuntime>(client: &ComputeClient<R>, n: usize) -> usize {
     let hw = &client.properties().hardware;
     let max = prev_power_of_two(
         256usize
@@ -31,7 +31,7 @@ pub(super) fn attention_serves<R: CubeRuntime>(client: &ComputeClient<R>, head_d
 }
 
 /// One element of `dtype`, for an argument a kernel variant does not read or write.
-fn placeholder<R: CubeRuntime>(like: &CubeTensor<R>, dtype: DType) -> CubeTensor<R> {
+pub(super) fn placeholder<R: CubeRuntime>(like: &CubeTensor<R>, dtype: DType) -> CubeTensor<R> {
     empty_device_dtype(
         like.client.clone(),
         like.device.clone(),
@@ -175,6 +175,42 @@ pub(super) fn rotary_cache_write<R: CubeRuntime>(
         dtype.into(),
     );
     [q_out, k_buffer, v_buffer]
+}
+
+/// Rotary positions in one launch ([`kernel::rotary`]); `x` may be a strided view.
+pub(super) fn rotary<R: CubeRuntime>(
+    x: CubeTensor<R>,
+    cos: CubeTensor<R>,
+    sin: CubeTensor<R>,
+) -> CubeTensor<R> {
+    let dtype = x.dtype;
+    let (cos, sin) = (in_dtype(cos, dtype), in_dtype(sin, dtype));
+    let shape = x.meta.shape().clone();
+    let (heads, seq, head_dim) = (shape[1], shape[2], shape[3]);
+    let client = x.client.clone();
+    let out = empty_device_dtype(client.clone(), x.device.clone(), shape.clone(), dtype);
+    let pairs = shape.num_elements() / 2;
+    if pairs == 0 {
+        return out;
+    }
+    let cube_dim = CubeDim::new(&client, pairs);
+    let cube_count = cubecl::calculate_cube_count_elemwise(&client, pairs, cube_dim);
+    let addr = address_type(&[&x, &cos, &sin, &out]);
+    kernel::rotary::launch::<R>(
+        &client,
+        cube_count,
+        cube_dim,
+        addr,
+        x.into_tensor_arg(),
+        cos.into_tensor_arg(),
+        sin.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        heads,
+        seq,
+        head_dim / 2,
+        dtype.into(),
+    );
+    out
 }
 
 /// `None` where the head dimension is wider than a cube (the caller composes).

@@ -165,6 +165,44 @@ pub fn rotary_cache_write<F: Float>(
     }
 }
 
+/// Rotary positions in one pass (the composition is two narrowed halves, four products, a
+/// sum, a difference and a concatenation — the concatenation a slice-assign per half on the
+/// Cube backends): `x` `[batch, heads, seq, head_dim]` and the angles `[1 or batch, 1, seq,
+/// head_dim / 2]` read through their strides (the training path's heads are a transposed
+/// view), `out` contiguous; one unit per pair `(i, i + head_dim / 2)`.
+#[cube(launch, address_type = "dynamic")]
+pub fn rotary<F: Float>(
+    x: &Tensor<F>,
+    cos: &Tensor<F>,
+    sin: &Tensor<F>,
+    out: &mut Tensor<F>,
+    heads: usize,
+    seq: usize,
+    half: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let pairs = out.len() / 2;
+    let pos = ABSOLUTE_POS;
+    if pos < pairs {
+        let j = pos % half;
+        let s = (pos / half) % seq;
+        let h = (pos / (half * seq)) % heads;
+        let b = pos / (half * seq * heads);
+        let row = b * x.stride(0) + h * x.stride(1) + s * x.stride(2);
+        let x1 = f32::cast_from(x[row + j * x.stride(3)]);
+        let x2 = f32::cast_from(x[row + (j + half) * x.stride(3)]);
+        // One angle row shared by the batch, or one per row.
+        let angle_row = b % cos.shape(0);
+        let c =
+            f32::cast_from(cos[angle_row * cos.stride(0) + s * cos.stride(2) + j * cos.stride(3)]);
+        let sn =
+            f32::cast_from(sin[angle_row * sin.stride(0) + s * sin.stride(2) + j * sin.stride(3)]);
+        let o = ((b * heads + h) * seq + s) * (2 * half) + j;
+        out[o] = F::cast_from(x1 * c - x2 * sn);
+        out[o + half] = F::cast_from(x2 * c + x1 * sn);
+    }
+}
+
 /// Attention of each query row over the first `keys` positions of the KV buffers, read where
 /// they lie: one cube per `(batch, kv_head, row)`, `units ≥ head_dim` units (a power of two).
 /// The keys go by in chunks of `units`, one score per unit, with an online softmax

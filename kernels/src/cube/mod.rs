@@ -4,6 +4,8 @@
 mod decode;
 mod decode_kernel;
 mod kernel;
+mod softmax;
+mod softmax_kernel;
 
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{DType, FloatDType, Shape};
@@ -28,6 +30,33 @@ where
     BT: BoolElement,
 {
     const DECODE_KERNELS: bool = true;
+
+    fn rotary(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        match x.meta.shape()[3] % 2 {
+            0 => decode::rotary(x, cos, sin),
+            // An odd head dimension has no halves to rotate: the composition's error.
+            _ => crate::ops::into_prim(crate::rotary::reference_rotary::<Self>(
+                crate::ops::float(x),
+                crate::ops::float(cos),
+                crate::ops::float(sin),
+            )),
+        }
+    }
+
+    fn attention_softmax(
+        scores: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        softmax::attention_softmax(scores, bias)
+    }
+
+    fn softmax_backward(probs: FloatTensor<Self>, dprobs: FloatTensor<Self>) -> FloatTensor<Self> {
+        softmax::softmax_backward(probs, dprobs)
+    }
 
     fn add_rms_norm(
         x: FloatTensor<Self>,
