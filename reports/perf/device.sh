@@ -20,6 +20,10 @@
 #   QUICK=1   the --quick model sizes (CPU)
 #   CAP       seconds per step (default 90); DEADLINE seconds for everything (default 540)
 #   ANCHOR=0  skips PyTorch; ANCHOR_CAP seconds for it (default 180)
+#   PROFILE=0 skips the profiles: on each Cube backend (cuda, wgpu), after the table, T_small
+#             with every launch timed after its warm-up (`bench --profile`: where the PPO
+#             step's device time goes, by kernel) and R_small's launches per decoded token,
+#             in $OUT/profile/ (kept out of the report: profiled times are not the table's)
 #   TRAIN=1   first, the loop itself on the first backend of BACKENDS: TRAIN_FILE (default
 #             experiments/pretrained/smollm2_arith.ron, SmolLM2 + LoRA, policy and judge)
 #             for 2 steps at a tiny size (does a training step complete?), then at its own
@@ -160,6 +164,22 @@ for p in parts:
 json.dump(merged, open(out, "w"), indent=1)
 PY
 done
+
+if [ "${PROFILE:-1}" = 1 ]; then
+    for be in $BACKENDS; do
+        case $be in cuda*|wgpu) ;; *) continue ;; esac
+        bin=$(binary "$be")
+        [ -x "$bin" ] || continue
+        mkdir -p "$OUT/profile"
+        for name in T_small R_small; do
+            t=$(cap); [ "$t" -gt 0 ] || { say "$be: deadline reached, $name profile skipped"; continue; }
+            say "$be: $name profiled (cap ${t}s)"
+            timeout "$t" "$bin" bench --models $QFLAG --only "$name" --reps 1 --profile \
+                --backend "$be" --json "$OUT/profile/$be-$name.json" >>"$LOG" 2>&1 \
+                || say "$be: $name profile exited $?"
+        done
+    done
+fi
 
 rm -rf "$OUT/parts"
 inputs=()
