@@ -12,6 +12,12 @@ use super::decode::{placeholder, units_for};
 use super::softmax_kernel as kernel;
 use super::{address_type, in_dtype};
 
+/// Units per row: up to a plane-sized 32 (each unit then walks `keys / 32` keys), so the
+/// trees are shallow and a row's barriers are few.
+fn row_units<R: CubeRuntime>(client: &ComputeClient<R>, keys: usize) -> usize {
+    units_for(client, keys).min(32)
+}
+
 /// `softmax(scores + bias)` over the last axis in one launch: `scores` `[batch, heads, seq,
 /// keys]`, `bias` `[batch or 1, 1, seq, keys]` (cast to the scores' dtype: a mask of 0 and a
 /// large negative value, which the cast keeps).
@@ -38,7 +44,7 @@ pub(super) fn attention_softmax<R: CubeRuntime>(
         }
         None => (placeholder(&scores, dtype), 1),
     };
-    let units = units_for(&client, keys);
+    let units = row_units(&client, keys);
     let cube_dim = CubeDim::new_1d(units as u32);
     let cube_count = cubecl::calculate_cube_count_elemwise(&client, rows * units, cube_dim);
     let addr = address_type(&[&scores, &bias, &out]);
@@ -79,7 +85,7 @@ pub(super) fn softmax_backward<R: CubeRuntime>(
     if rows == 0 || keys == 0 {
         return out;
     }
-    let units = units_for(&client, keys);
+    let units = row_units(&client, keys);
     let cube_dim = CubeDim::new_1d(units as u32);
     let cube_count = cubecl::calculate_cube_count_elemwise(&client, rows * units, cube_dim);
     let addr = address_type(&[&probs, &dprobs, &out]);

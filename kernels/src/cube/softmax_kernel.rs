@@ -9,9 +9,9 @@ use cubecl::prelude::*;
 const NEG_BIG: f32 = -3.0e38;
 
 /// `out = softmax(scores + bias)` over each row of `keys`: one cube of `units` units per row
-/// (`units` a power of two). Each unit keeps a running maximum and a sum of exponentials
-/// rescaled to it over its share of the row; a shared-memory tree merges them; a second pass
-/// writes the probabilities. `scores`, `out`: `[rows, keys]` contiguous, rows ordered
+/// (`units` a power of two), three passes over the row — its maximum, the sum of
+/// exponentials, the probabilities written — each unit over a strided share, the first two
+/// merged by a shared-memory tree. `scores`, `out`: `[rows, keys]` contiguous, rows ordered
 /// `(batch, heads, seq)`; `bias`: `[bias_rows, seq, keys]` contiguous (`bias_rows` 1 or
 /// batch; read when `has_bias`).
 #[cube(launch, address_type = "dynamic")]
@@ -29,8 +29,7 @@ pub fn attention_softmax<F: Float>(
     #[comptime] has_bias: bool,
     #[define(F)] _dtype: StorageType,
 ) {
-    let mut max_smem = SharedMemory::<f32>::new(comptime!(units as usize));
-    let mut sum_smem = SharedMemory::<f32>::new(comptime!(units as usize));
+    let mut smem = SharedMemory::<f32>::new(comptime!(units as usize));
     let row = CUBE_POS;
     // A cube past the last row exits whole (no barrier is split).
     if row < rows {
@@ -41,42 +40,56 @@ pub fn attention_softmax<F: Float>(
         let b = row / (seq * heads);
         let bias_base = ((b % bias_rows) * seq + s) * keys;
         let mut m = f32::new(NEG_BIG);
-        let mut l = f32::new(0.0);
         let mut i = unit;
         while i < keys {
             let mut x = f32::cast_from(scores[base + i]);
             if comptime!(has_bias) {
                 x += f32::cast_from(bias[bias_base + i]);
             }
-            let m_new = f32::max(m, x);
-            l = l * (m - m_new).exp() + (x - m_new).exp();
-            m = m_new;
+            m = f32::max(m, x);
             i += stride;
         }
-        max_smem[unit] = m;
-        sum_smem[unit] = l;
+        smem[unit] = m;
         sync_cube();
         let mut half = comptime!(units / 2).runtime() as usize;
         while half > 0 {
             if unit < half {
-                let (m1, m2) = (max_smem[unit], max_smem[unit + half]);
-                let m_new = f32::max(m1, m2);
-                sum_smem[unit] = sum_smem[unit] * (m1 - m_new).exp()
-                    + sum_smem[unit + half] * (m2 - m_new).exp();
-                max_smem[unit] = m_new;
+                smem[unit] = f32::max(smem[unit], smem[unit + half]);
             }
             sync_cube();
             half /= 2;
         }
-        let (m_row, l_row) = (max_smem[0], sum_smem[0]);
+        let m_row = smem[0];
+        sync_cube();
+        let mut l = f32::new(0.0);
         let mut j = unit;
         while j < keys {
             let mut x = f32::cast_from(scores[base + j]);
             if comptime!(has_bias) {
                 x += f32::cast_from(bias[bias_base + j]);
             }
-            out[base + j] = F::cast_from((x - m_row).exp() / l_row);
+            l += (x - m_row).exp();
             j += stride;
+        }
+        smem[unit] = l;
+        sync_cube();
+        let mut half = comptime!(units / 2).runtime() as usize;
+        while half > 0 {
+            if unit < half {
+                smem[unit] = smem[unit] + smem[unit + half];
+            }
+            sync_cube();
+            half /= 2;
+        }
+        let l_row = smem[0];
+        let mut k = unit;
+        while k < keys {
+            let mut x = f32::cast_from(scores[base + k]);
+            if comptime!(has_bias) {
+                x += f32::cast_from(bias[bias_base + k]);
+            }
+            out[base + k] = F::cast_from((x - m_row).exp() / l_row);
+            k += stride;
         }
     }
 }
