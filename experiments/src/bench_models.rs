@@ -741,6 +741,7 @@ mod tests {
             full.by_kernel,
             vec![("a".to_string(), 4.0), ("b".to_string(), 2.0)]
         );
+        assert!(full.ms_by_kernel.is_empty(), "counted, not profiled");
         let one = Launches::between(&counts(&[]), &counts(&[("a", 2)]), 1.0);
         let split = full.with_layers(&one, 3);
         assert_eq!(
@@ -753,7 +754,6 @@ mod tests {
             (single.per_layer, single.outside_layers),
             (Some(2.0), Some(0.0))
         );
-        assert!(full.ms_by_kernel.is_empty(), "counted, not profiled");
     }
 
     /// Profiled times by hand: `a` 1.0 → 7.0 ms and `b` 0 → 2.0 ms over 2 steps is 3.0 and
@@ -782,7 +782,7 @@ mod tests {
         let t8 = t.with_rows(8);
         assert_eq!(t8.name, "T_small@rows8");
         assert_eq!(t8.work, Work::Train { batch: 8, seq: 256 });
-        assert_eq!(t8.tokens(), 8 * 256);
+        assert_eq!(t8.work.tokens(), 8 * 256);
         let r = full.iter().find(|w| w.name == "R_small").expect("R_small");
         assert_eq!(
             r.with_rows(2).work,
