@@ -143,6 +143,15 @@ pub struct Experiment<E, A> {
     /// Which implementation of the loss-side ops (token log-probs) the updates use.
     #[serde(default)]
     pub kernels: Kernels,
+    /// Situations watched ([`crate::judge::Situation`], as a misconception names one): for
+    /// each, how often the policy takes it — the share of its training steps after the line
+    /// `after` that answer `action` (`env/situation/<after>:<action>`) — and how often the
+    /// judge approves it: the share of majority `+` verdicts on the policy's steps in it
+    /// (`judge/steps_approve/…`) and on the evaluation pool's (`judge/eval_approve/…`).
+    /// Measuring only: nothing else a run does or logs changes. Empty by default (and then
+    /// left out of the resolved file).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub situations: Vec<crate::judge::Situation>,
     /// In an ablation suite: the experiment (by name) this row is compared with; the row
     /// above when not given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -651,6 +660,18 @@ impl JudgeGate {
     }
 }
 
+/// Every situation of `list` (the field `field`) well formed
+/// ([`crate::judge::Situation::is_well_formed`]).
+fn situations_checked(field: &str, list: &[crate::judge::Situation]) -> Checked {
+    match list.iter().position(|s| !s.is_well_formed()) {
+        Some(i) => Err(FieldError::new(
+            format!("{field}[{i}]"),
+            "`action` must be non-empty and both fields trimmed (a step's situation is compared trimmed)",
+        )),
+        None => Ok(()),
+    }
+}
+
 /// What a judge prompt's history `H:` holds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum JudgeHistory {
@@ -1131,6 +1152,7 @@ impl<E: EnvironmentChoice, A: AdaptationChoice> Experiment<E, A> {
             ));
         }
 
+        situations_checked("situations", &self.situations)?;
         if let Some(j) = self.judge.model() {
             j.model.validate().map_err(|e| e.within("judge.model"))?;
             let w = &j.warm_start;
@@ -1141,14 +1163,7 @@ impl<E: EnvironmentChoice, A: AdaptationChoice> Experiment<E, A> {
             positive("judge.warm_start.lr", w.lr, 1.0)?;
             real("judge.warm_start.validation", w.validation, 0.0, 0.9)?;
             count("judge.warm_start.eval_every", w.eval_every, 0, MAX_COUNT)?;
-            for (i, m) in w.misconceptions.iter().enumerate() {
-                if m.action.is_empty() || m.action != m.action.trim() || m.after != m.after.trim() {
-                    return Err(FieldError::new(
-                        format!("judge.warm_start.misconceptions[{i}]"),
-                        "`action` must be non-empty and both fields trimmed (a step's situation is compared trimmed)",
-                    ));
-                }
-            }
+            situations_checked("judge.warm_start.misconceptions", &w.misconceptions)?;
             if let Some(g) = &j.gate {
                 if !g.kind.is_empty() && !crate::env::valid_kind(&g.kind) {
                     return Err(FieldError::new(
@@ -1427,6 +1442,32 @@ Experiment(
             let err = parse(&judge(ws, gate)).expect_err(ws).to_string();
             assert!(err.contains(field), "{field}: {err}");
         }
+    }
+
+    #[test]
+    fn watched_situations_parse_round_trip_and_are_checked() {
+        let with =
+            |list: &str| MINIMAL.replace("budget:", &format!("situations: {list},\n    budget:"));
+        // Unset, not written out: older resolved files and cache keys stay as they were.
+        assert!(
+            !parse(MINIMAL)
+                .expect("parses")
+                .to_ron()
+                .contains("situations")
+        );
+        let e = parse(&with(
+            r#"[(after: "6", action: "L"), (after: "", action: "R")]"#,
+        ))
+        .expect("parses");
+        let keys: Vec<String> = e.situations.iter().map(|s| s.key()).collect();
+        assert_eq!(keys, ["6:L", ":R"]);
+        assert_eq!(parse(&e.to_ron()).expect("round trip"), e);
+        let err = parse(&with(
+            r#"[(after: "6", action: "L"), (after: "6 ", action: "L")]"#,
+        ))
+        .expect_err("untrimmed")
+        .to_string();
+        assert!(err.contains("situations[1]"), "{err}");
     }
 
     #[test]

@@ -294,6 +294,19 @@ pub struct Situation {
 }
 
 impl Situation {
+    /// `after:action`, how metric keys name it (`env/situation/6:L`).
+    pub fn key(&self) -> String {
+        format!("{}:{}", self.after, self.action)
+    }
+
+    /// Whether a file's situation can match a step: `action` non-empty, both fields trimmed
+    /// (a step's situation is compared trimmed).
+    pub fn is_well_formed(&self) -> bool {
+        !self.action.is_empty()
+            && self.action == self.action.trim()
+            && self.after == self.after.trim()
+    }
+
     /// The situation of step `i` of `t` (`i < t.steps.len()`).
     pub fn of(t: &Trajectory, i: usize) -> Self {
         let before = match i {

@@ -9,7 +9,7 @@ use crate::adapt::{
 };
 use crate::advantage::{accuracy, decomposed_advantages, group_step_advantages, in_band};
 use crate::env::{Difficulty, Environment, Episode, Split};
-use crate::judge::JudgedStep;
+use crate::judge::{JudgedStep, Situation};
 use crate::ppo::{Sample, Unit, UpdateStats};
 use crate::reward::{self, Advantage, Consistency, Verdict};
 use crate::rng::Rng;
@@ -494,6 +494,47 @@ pub fn kind_metrics<'a>(m: &mut Metrics, steps: impl Iterator<Item = &'a StepSpa
             m.set(
                 &format!("env/wrong/{kind}"),
                 (n - right) as f64 / wrong as f64,
+            );
+        }
+    }
+}
+
+/// The watched situations ([`crate::experiment::Experiment::situations`]) on the policy's
+/// training steps: `env/situation/<after>:<action>`, the share of the steps answering the line
+/// `after` that answer `action` (of the trajectories the step used, as `env/*`), and
+/// `judge/steps_approve/<after>:<action>`, the share of the judged steps in the situation
+/// whose majority verdict is `+`. Each is absent from a step with no such step.
+pub fn situation_metrics(m: &mut Metrics, batch: &StepBatch, situations: &[Situation]) {
+    if situations.is_empty() {
+        return;
+    }
+    let used = used_trajectories(batch);
+    let seen: Vec<Situation> = used
+        .iter()
+        .flat_map(|&i| {
+            let t = &batch.trajs[i];
+            (0..t.steps.len()).map(move |k| Situation::of(t, k))
+        })
+        .collect();
+    for s in situations {
+        let after: Vec<bool> = seen
+            .iter()
+            .filter(|x| x.after == s.after)
+            .map(|x| x.action == s.action)
+            .collect();
+        if !after.is_empty() {
+            m.set(&format!("env/situation/{}", s.key()), accuracy(&after));
+        }
+        let approved: Vec<bool> = batch
+            .judged
+            .iter()
+            .filter(|j| Situation::of(&batch.trajs[j.traj], j.step) == *s)
+            .map(|j| reward::majority(&j.verdicts) == 1)
+            .collect();
+        if !approved.is_empty() {
+            m.set(
+                &format!("judge/steps_approve/{}", s.key()),
+                accuracy(&approved),
             );
         }
     }
@@ -994,6 +1035,84 @@ mod tests {
         assert_eq!(m.get("policy/mixed_groups"), Some(1.0));
         assert_eq!(m.get("policy/units"), Some(2.0));
         assert_eq!(m.get("policy/uniform_units"), Some(0.0));
+    }
+
+    #[test]
+    fn situation_metrics_hand_computed() {
+        // A corridor's steps as text: the prompt's last line is the first door, each
+        // observation the next door. Group 1 is not used: its trajectory counts nowhere.
+        let corridor = |task: usize, first: &str, steps: &[(&str, &str)]| Trajectory {
+            task,
+            tokens: Vec::new(),
+            steps: steps
+                .iter()
+                .map(|&(text, observation)| StepSpan {
+                    start: 0,
+                    end: 1,
+                    text: text.into(),
+                    oracle: true,
+                    observation: observation.into(),
+                    dims: Vec::new(),
+                    oracle_blame: Vec::new(),
+                    kind: String::new(),
+                })
+                .collect(),
+            outcome: true,
+            prompt: format!("rule\n{first}\n"),
+            finite: true,
+        };
+        let mut batch = StepBatch::new(1);
+        batch.groups = vec![group(0, false, 0.2), group(1, false, 0.2)];
+        batch.groups[1].used = false;
+        batch.trajs = vec![
+            // After a 6: L, then (after the 2) L, then (after the 6) R.
+            corridor(0, "6", &[("L", "2"), ("L", "6"), ("R", "")]),
+            // After a 6: L, then (after the 3) R.
+            corridor(0, "6", &[("L", "3"), ("R", "")]),
+            corridor(1, "6", &[("L", "")]),
+        ];
+        let judged = |traj: usize, step: usize, verdicts: Vec<Verdict>| JudgedStep {
+            traj,
+            step,
+            prompt: Vec::new(),
+            tokens: Vec::new(),
+            verdicts,
+        };
+        // `L` after a 6 judged twice: approved (+,+,−), rejected (−,−,+); `R` after a 3 once,
+        // a tie (+,−): not approved.
+        batch.judged = vec![
+            judged(0, 0, vec![1, 1, -1]),
+            judged(1, 0, vec![-1, -1, 1]),
+            judged(1, 1, vec![1, -1]),
+        ];
+        let watched = [
+            Situation {
+                after: "6".into(),
+                action: "L".into(),
+            },
+            Situation {
+                after: "3".into(),
+                action: "R".into(),
+            },
+            Situation {
+                after: "9".into(),
+                action: "L".into(),
+            },
+        ];
+        let mut m = Metrics::new(1);
+        situation_metrics(&mut m, &batch, &watched);
+        // After a 6 (used trajectories only): L, R, L → 2 of 3 take `L`.
+        assert_eq!(m.get("env/situation/6:L"), Some(2.0 / 3.0));
+        assert_eq!(m.get("env/situation/3:R"), Some(1.0));
+        assert_eq!(m.get("judge/steps_approve/6:L"), Some(0.5));
+        assert_eq!(m.get("judge/steps_approve/3:R"), Some(0.0));
+        // Never met: no metric at all.
+        assert_eq!(m.get("env/situation/9:L"), None);
+        assert_eq!(m.get("judge/steps_approve/9:L"), None);
+        // Nothing watched, nothing logged.
+        let mut none = Metrics::new(1);
+        situation_metrics(&mut none, &batch, &[]);
+        assert_eq!(none.get("env/situation/6:L"), None);
     }
 
     #[test]

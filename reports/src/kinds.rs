@@ -106,24 +106,55 @@ fn cell(xs: &[f64], runs: usize) -> String {
     mean_ci95(xs).map_or("–".into(), |m| crate::table::mean_text(&m, 3, runs))
 }
 
-/// The judge-by-kind table, if any run logs the judge by kind.
-fn judge_table(suite: &Suite) -> Option<String> {
-    let stems: Vec<&str> = JUDGE.iter().map(|(_, k, _)| *k).collect();
+/// The situation columns: header, key stem, how a run's value is made.
+const SITUATION: [(&str, &str, When); 5] = [
+    (
+        "policy takes it, first ¼",
+        "env/situation",
+        When::FirstQuarter,
+    ),
+    (
+        "policy takes it, last ¼",
+        "env/situation",
+        When::LastQuarter,
+    ),
+    (
+        "judge approves: pool, first eval",
+        "judge/eval_approve",
+        When::FirstEval,
+    ),
+    (
+        "judge approves: policy's steps, first ¼",
+        "judge/steps_approve",
+        When::FirstQuarter,
+    ),
+    (
+        "judge approves: policy's steps, last ¼",
+        "judge/steps_approve",
+        When::LastQuarter,
+    ),
+];
+
+/// A table of `columns` for every row and every suffix (`label`: a kind, a situation) that
+/// any run logs under a column's stem; `None` when none does. Rows whose cells are all empty
+/// for a suffix are left out.
+fn by_suffix_table(suite: &Suite, label: &str, columns: &[(&str, &str, When)]) -> Option<String> {
+    let stems: Vec<&str> = columns.iter().map(|(_, k, _)| *k).collect();
     let all = kinds(suite.runs(), &stems);
     if all.is_empty() {
         return None;
     }
-    let mut md = String::from("| experiment | kind |");
-    for (h, _, _) in JUDGE {
+    let mut md = format!("| experiment | {label} |");
+    for (h, _, _) in columns {
         let _ = write!(md, " {h} |");
     }
-    let _ = writeln!(md, "\n|---|---|{}", "---:|".repeat(JUDGE.len()));
+    let _ = writeln!(md, "\n|---|---|{}", "---:|".repeat(columns.len()));
     for row in &suite.rows {
-        for kind in &all {
-            let cells: Vec<String> = JUDGE
+        for suffix in &all {
+            let cells: Vec<String> = columns
                 .iter()
                 .map(|(_, stem, when)| {
-                    let key = format!("{stem}/{kind}");
+                    let key = format!("{stem}/{suffix}");
                     let xs: Vec<f64> = row
                         .runs
                         .iter()
@@ -137,14 +168,82 @@ fn judge_table(suite: &Suite) -> Option<String> {
             }
             let _ = writeln!(
                 md,
-                "| {} | {kind} | {} |",
+                "| {} | {suffix} | {} |",
                 row.experiment,
                 cells.join(" | ")
             );
         }
     }
+    Some(md)
+}
+
+/// The judge-by-kind table, if any run logs the judge by kind.
+fn judge_table(suite: &Suite) -> Option<String> {
+    let mut md = by_suffix_table(suite, "kind", &JUDGE)?;
     md += "\nThe judge per kind of step, mean ± 95% CI over seeds (`(n=k)`: only k runs have the value — a kind with no wrong step in a window has no p⁻ and no balanced accuracy there). Pool: the fixed labelled pool at the first evaluation (step 0, the warm-started judge: what a `judge.gate` reads) and at the last (`judge/eval_*_acc/<kind>`, majority of the votes). Policy's steps: the judge's verdicts on the policy's own training steps against the oracle, averaged over the first and the last quarter of the training steps (`judge/steps_*_acc/<kind>`).\n";
     Some(md)
+}
+
+/// The watched-situations table (an experiment's `situations`), if any run logs one, and the
+/// policy's rate of each over the last quarter paired by seed between each row and its
+/// baseline and further comparisons.
+fn situation_table(suite: &Suite) -> Option<String> {
+    let mut md = by_suffix_table(suite, "situation", &SITUATION)?;
+    md += "\nThe watched situations (`after:action`: the action answered to the line `after`), mean ± 95% CI over seeds. Policy takes it: of the policy's training steps after that line, the share that answer the action (`env/situation/…`), averaged over the first and the last quarter of the training steps. Judge approves: the share of majority `+` verdicts on the steps in the situation — on the evaluation pool at the first evaluation (`judge/eval_approve/…`) and on the policy's own steps (`judge/steps_approve/…`); `(n=k)`: only k runs met it.\n";
+    md += &situation_pairs(suite);
+    Some(md)
+}
+
+/// The policy's rate of each watched situation over the last quarter, row − row named, paired
+/// by seed (mean ± 95% CI of the per-seed differences); empty without a pair that has one.
+fn situation_pairs(suite: &Suite) -> String {
+    let all = kinds(suite.runs(), &["env/situation"]);
+    let mut lines = String::new();
+    for row in &suite.rows {
+        for name in row.baseline.iter().chain(&row.compare) {
+            let Some(other) = suite.row(name) else {
+                continue;
+            };
+            let cells: Vec<String> = all
+                .iter()
+                .map(|sit| {
+                    let key = format!("env/situation/{sit}");
+                    let at = |r: &Run| value(r, &key, When::LastQuarter);
+                    let diffs: Vec<f64> = row
+                        .runs
+                        .iter()
+                        .filter_map(|r| {
+                            let o = other
+                                .runs
+                                .iter()
+                                .find(|o| r.seed.is_some() && o.seed == r.seed)?;
+                            Some(at(r)? - at(o)?)
+                        })
+                        .collect();
+                    mean_ci95(&diffs).map_or("–".into(), |d| match d.half_width {
+                        Some(h) => format!("{:+.3} ± {h:.3} (n={})", d.mean, d.n),
+                        None => format!("{:+.3} (n=1)", d.mean),
+                    })
+                })
+                .collect();
+            if cells.iter().any(|c| c != "–") {
+                let _ = writeln!(
+                    lines,
+                    "| {} − {name} | {} |",
+                    row.experiment,
+                    cells.join(" | ")
+                );
+            }
+        }
+    }
+    if lines.is_empty() {
+        return lines;
+    }
+    format!(
+        "\nThe policy takes it, last ¼, paired by seed (row − row named; `n`: the seeds both have it):\n\n| comparison | {} |\n|---|{}\n{lines}",
+        all.join(" | "),
+        "---:|".repeat(all.len())
+    )
 }
 
 /// The share-of-steps tables (`env/kind/`, `env/wrong/`), if any run logs them.
@@ -247,6 +346,10 @@ pub(crate) fn markdown(suite: &Suite, gated: &[Run]) -> String {
         md += &t;
         md += "\n";
     }
+    if let Some(t) = situation_table(suite) {
+        md += &t;
+        md += "\n";
+    }
     md += &share_tables(suite);
     md += &gated_list(suite, gated);
     md
@@ -305,6 +408,49 @@ mod tests {
         assert!(md.contains("| j | 1.000 → 1.000 |"), "{md}");
         assert!(
             md.contains("- j: seed 1: borderline 0.800; seed 2: borderline 0.900; seed 3: borderline 0.495 **gated out**"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn watched_situations_by_hand() {
+        // Eight steps (quarters: steps 1–2 and 7–8), the pool at step 0. Seed 1 takes `L` after
+        // a 6 at 0.2 early and 0.6 late; seed 2 at 0.4 and 0.8; the judge approves it on the
+        // pool 1.0 and 0.9, on the policy's steps 1.0 throughout (seed 2 never judged there).
+        let watched = |seed: u64, early: f64, late: f64, pool: f64, judged: bool| {
+            let mut lines = vec![(0, vec![("judge/eval_approve/6:L", pool)])];
+            for s in 1..=8 {
+                let mut kv = vec![("env/situation/6:L", if s <= 2 { early } else { late })];
+                if judged {
+                    kv.push(("judge/steps_approve/6:L", 1.0));
+                }
+                lines.push((s, kv));
+            }
+            run("w", seed, lines)
+        };
+        let against = |seed, late| {
+            let mut r = watched(seed, 0.0, late, 0.5, false);
+            r.experiment = "o".into();
+            r
+        };
+        let (o1, o2) = (against(1, 0.5), against(2, 0.5));
+        let mut suite = Suite::from_runs(
+            vec![
+                watched(1, 0.2, 0.6, 1.0, true),
+                watched(2, 0.4, 0.8, 0.9, false),
+                o1,
+                o2,
+            ],
+            &[],
+        );
+        suite.add_comparisons(&[("w".into(), "o".into())]);
+        let md = markdown(&suite, &[]);
+        // Last quarter, w − o by seed: 0.6 − 0.5, 0.8 − 0.5 → 0.200 ± 12.706·0.1414/√2.
+        assert!(md.contains("| w − o | +0.200 ± 1.271 (n=2) |"), "{md}");
+        // 0.2, 0.4 → 0.300 ± 12.706·0.1414/√2 = 0.300 ± 1.271; 0.6, 0.8 → 0.700 ± 1.271;
+        // pool 1.0, 0.9 → 0.950 ± 0.635; judged on seed 1 only: 1.000 (n=1).
+        assert!(
+            md.contains("| w | 6:L | 0.300 ± 1.271 | 0.700 ± 1.271 | 0.950 ± 0.635 | 1.000 (n=1) | 1.000 (n=1) |"),
             "{md}"
         );
     }

@@ -156,8 +156,9 @@ where
 
     /// The judge's quality on its pool (`judged[i]` judges pool entry `i`): majority verdicts
     /// (`judge/eval_*`, and by the environment's kind of step `judge/eval_*/<kind>`), single
-    /// votes (`judge/eval_vote_*`) and the share of votes that are a `+` or a `-` at all
-    /// (`judge/eval_format_ok`).
+    /// votes (`judge/eval_vote_*`), the share of votes that are a `+` or a `-` at all
+    /// (`judge/eval_format_ok`) and the approval in each watched situation
+    /// (`judge/eval_approve/<after>:<action>`).
     pub(super) fn judge_quality(&self, m: &mut Metrics, judged: &[judge::JudgedStep]) {
         let labelled = || {
             judged
@@ -175,6 +176,20 @@ where
         }
         if let Some(ok) = judge::format_ok(judged.iter().map(|js| js.verdicts.as_slice())) {
             m.set("judge/eval_format_ok", ok);
+        }
+        // The watched situations: the share of the pool's steps there that the judge approves.
+        for s in &self.cfg.situations {
+            let approved: Vec<bool> = judged
+                .iter()
+                .filter(|js| self.judge_pool[js.traj].situation == *s)
+                .map(|js| crate::reward::majority(&js.verdicts) == 1)
+                .collect();
+            if !approved.is_empty() {
+                m.set(
+                    &format!("judge/eval_approve/{}", s.key()),
+                    crate::advantage::accuracy(&approved),
+                );
+            }
         }
     }
 

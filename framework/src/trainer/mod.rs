@@ -301,6 +301,8 @@ struct Settings {
     band: (f64, f64),
     /// Whether difficulty adapts at all (`Static` does not).
     adaptive: bool,
+    /// The situations watched (measuring only).
+    situations: Vec<crate::judge::Situation>,
     /// Every input of the policy's warm start except the seed (its cache key).
     warm_policy_inputs: serde_json::Value,
     /// Every input of the judge's warm start except the seed.
@@ -381,6 +383,7 @@ impl Settings {
             sample_on_device: !exp.backend.is_cpu(),
             band: proposer.map_or((0.2, 0.8), |p| p.band()),
             adaptive: proposer.is_some(),
+            situations: exp.situations.clone(),
         }
     }
 }
@@ -709,6 +712,7 @@ where
             &self.dims,
             &self.state.counts,
         );
+        step::situation_metrics(&mut m, batch, &self.cfg.situations);
         let c = &mut self.state.compute;
         c.rollouts += batch.trajs.len() as u64;
         c.gen_tokens += batch.generated_tokens() as u64;
