@@ -446,10 +446,8 @@ fn launch_counts<B: Backend>(device: &B::Device) -> Result<Tally> {
     B::sync(device).map_err(|e| anyhow::anyhow!("device sync: {e}"))?;
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     {
-        Ok(Tally {
-            counts: rlany_kernels::launches::launches(),
-            ms: rlany_kernels::launches::kernel_times(),
-        })
+        let (counts, ms) = rlany_kernels::launches::tally();
+        Ok(Tally { counts, ms })
     }
     #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     {

@@ -12,7 +12,7 @@
 //!
 //! [`profile_launches`] counts the same way and also times each launch (CubeCL's `basic`
 //! level: the runtime waits for every kernel to finish and logs `| <time> | <kernel>`);
-//! [`kernel_times`] sums those times by kernel name. A wait per launch hides the overlap of
+//! [`tally`] sums those times by kernel name. A wait per launch hides the overlap of
 //! launching and running, so the times say where the device's work goes, not how long the
 //! workload takes unprofiled.
 
@@ -153,7 +153,7 @@ pub fn watch_grids() -> Result<(), LaunchCountError> {
 }
 
 /// Starts counting launches as [`count_launches`] does and also times each one
-/// ([`kernel_times`]): CubeCL's `basic` profiling level, which waits for every kernel to
+/// ([`tally`]): CubeCL's `basic` profiling level, which waits for every kernel to
 /// finish (slower than an unprofiled run; the times are the kernels', not the run's).
 ///
 /// # Errors
@@ -162,11 +162,16 @@ pub fn profile_launches() -> Result<(), LaunchCountError> {
     start(ProfilingLogLevel::Basic)
 }
 
-/// The time spent in each kernel since [`profile_launches`], in milliseconds by kernel name
-/// (after the runtime's log has drained, as [`launches`]); empty when launches are only
-/// counted.
-pub fn kernel_times() -> BTreeMap<String, f64> {
-    let _ = launches();
+/// [`launches`] and the time spent in each kernel since [`profile_launches`], after one drain
+/// of the runtime's log: the counts by kernel name, and the milliseconds by kernel name (empty
+/// when launches are only counted).
+pub fn tally() -> (BTreeMap<String, u64>, BTreeMap<String, f64>) {
+    let counts = launches();
+    (counts, times_so_far())
+}
+
+/// The recorded times in milliseconds, as they stand (no drain).
+fn times_so_far() -> BTreeMap<String, f64> {
     TIMES
         .lock()
         .unwrap_or_else(|p| p.into_inner())

@@ -1048,6 +1048,61 @@ mod wgpu_cube {
         check_decode_ops::<Raw>(&Default::default(), 33);
         check_sample_rows::<Raw>(&Default::default(), 36);
     }
+
+    /// The cached attention split over the keys (flash-decoding) against the composition:
+    /// 61 keys over a capacity of 70 at head_dim 6 (chunks of 8), split into 1, 2, 3, 8 and 64
+    /// parts (the last ones empty), with a per-row bias that masks the first keys — so that
+    /// some parts see only masked keys.
+    #[test]
+    fn cached_attention_split_over_the_keys_matches_its_twin() {
+        let device = Default::default();
+        let host = Default::default();
+        let mut rng = Rng(41);
+        let (b, group, keys, cap) = (2, 2, 61, 70);
+        let q = random(&mut rng, b * 2 * group * 6);
+        let kb = random(&mut rng, b * 2 * cap * 6);
+        let vb = random(&mut rng, b * 2 * cap * 6);
+        let bias: Vec<f32> = (0..b * keys)
+            .map(|i| {
+                if i % keys < 9 * (i / keys + 1) {
+                    -1.0e9
+                } else {
+                    rng.uniform(-1.0, 1.0)
+                }
+            })
+            .collect();
+        let bias_shape = [b, 1, 1, keys];
+        let narrow =
+            |data: &[f32]| tensor::<Host, 4>(data, [b, 2, cap, 6], &host).narrow(2, 0, keys);
+        let want = to_vec(crate::reference_grouped_attention::<Host>(
+            tensor(&q, [b, 2, group, 6], &host),
+            narrow(&kb),
+            narrow(&vb),
+            Some(tensor(&bias, bias_shape, &host)),
+            group,
+        ));
+        for splits in [1, 2, 3, 8, 64] {
+            let prim = |data: &[f32], dims: [usize; 4]| {
+                tensor::<Raw, 4>(data, dims, &device)
+                    .into_primitive()
+                    .tensor()
+            };
+            let got = crate::cube::decode::cached_attention_split(
+                prim(&q, [b, 2, group, 6]),
+                prim(&kb, [b, 2, cap, 6]),
+                prim(&vb, [b, 2, cap, 6]),
+                keys,
+                Some(prim(&bias, bias_shape)),
+                group,
+                Some(splits),
+            )
+            .expect("head_dim 6 is served");
+            let got = to_vec(Tensor::<Raw, 4>::from_primitive(
+                burn::tensor::TensorPrimitive::Float(got),
+            ));
+            assert_near(&format!("{splits} parts"), &got, &want, 1e-5);
+        }
+    }
 }
 
 /// The KV cache's write (`AttentionOps::write_positions`): Flex's in-place override gives the

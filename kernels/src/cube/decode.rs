@@ -213,7 +213,29 @@ pub(super) fn rotary<R: CubeRuntime>(
     out
 }
 
-/// `None` where the head dimension is wider than a cube (the caller composes).
+/// How many parts the cached attention splits each row's keys into (flash-decoding): enough
+/// cubes to give every multiprocessor of the device two (its count from the device, else its
+/// CPU cores, else no split), each part at least two chunks of `units` keys, at most 64 parts.
+/// A long cache at batch 1 has few rows and many keys: one cube per row would leave most of a
+/// GPU idle while each walks the whole cache.
+pub(crate) fn key_splits(
+    processors: Option<u32>,
+    cubes: usize,
+    keys: usize,
+    units: usize,
+) -> usize {
+    let target = 2 * processors.unwrap_or(0) as usize;
+    if cubes == 0 || cubes >= target {
+        return 1;
+    }
+    target
+        .div_ceil(cubes)
+        .min(keys / (2 * units).max(1))
+        .clamp(1, 64)
+}
+
+/// `None` where the head dimension is wider than a cube (the caller composes). The keys are
+/// split over several cubes per row where [`key_splits`] says so.
 pub(super) fn cached_attention<R: CubeRuntime>(
     q: CubeTensor<R>,
     k_buffer: CubeTensor<R>,
@@ -221,6 +243,19 @@ pub(super) fn cached_attention<R: CubeRuntime>(
     keys: usize,
     bias: Option<CubeTensor<R>>,
     group: usize,
+) -> Option<CubeTensor<R>> {
+    cached_attention_split(q, k_buffer, v_buffer, keys, bias, group, None)
+}
+
+/// [`cached_attention`] with the number of key splits given (`None`: [`key_splits`]'s).
+pub(crate) fn cached_attention_split<R: CubeRuntime>(
+    q: CubeTensor<R>,
+    k_buffer: CubeTensor<R>,
+    v_buffer: CubeTensor<R>,
+    keys: usize,
+    bias: Option<CubeTensor<R>>,
+    group: usize,
+    splits: Option<usize>,
 ) -> Option<CubeTensor<R>> {
     let q = into_contiguous(q);
     let shape = q.meta.shape().clone();
@@ -251,9 +286,28 @@ pub(super) fn cached_attention<R: CubeRuntime>(
         None => (placeholder(&q, DType::F32), 1),
     };
     let units = units_for(&client, head_dim);
+    let hw = &client.properties().hardware;
+    let processors = hw.num_streaming_multiprocessors.or(hw.num_cpu_cores);
+    let splits = splits
+        .unwrap_or_else(|| key_splits(processors, cubes, keys, units))
+        .clamp(1, keys);
+    // Every part the same whole number of chunks, the last one shorter.
+    let split_keys = keys.div_ceil(splits).div_ceil(units) * units;
+    let split = splits > 1;
+    let partial = if split {
+        empty_device_dtype(
+            client.clone(),
+            q.device.clone(),
+            Shape::new([cubes * splits, head_dim + 2]),
+            DType::F32,
+        )
+    } else {
+        placeholder(&q, DType::F32)
+    };
     let cube_dim = CubeDim::new_1d(units as u32);
-    let cube_count = cubecl::calculate_cube_count_elemwise(&client, cubes * units, cube_dim);
-    let addr = address_type(&[&q, &k_buffer, &v_buffer, &bias, &out]);
+    let cube_count =
+        cubecl::calculate_cube_count_elemwise(&client, cubes * splits * units, cube_dim);
+    let addr = address_type(&[&q, &k_buffer, &v_buffer, &bias, &out, &partial]);
     kernel::cached_attention::launch::<R>(
         &client,
         cube_count,
@@ -264,16 +318,36 @@ pub(super) fn cached_attention<R: CubeRuntime>(
         v_buffer.into_tensor_arg(),
         bias.into_tensor_arg(),
         out.clone().into_tensor_arg(),
+        partial.clone().into_tensor_arg(),
         kv_heads,
         rows,
         seq,
         head_dim,
         keys,
         shared_bias,
+        if split { splits } else { 1 },
+        if split { split_keys } else { keys },
         units as u32,
         has_bias,
+        split,
         dtype.into(),
     );
+    if split {
+        let cube_count = cubecl::calculate_cube_count_elemwise(&client, cubes * units, cube_dim);
+        let addr = address_type(&[&partial, &out]);
+        kernel::combine_splits::launch::<R>(
+            &client,
+            cube_count,
+            cube_dim,
+            addr,
+            partial.into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            cubes,
+            splits,
+            head_dim,
+            dtype.into(),
+        );
+    }
     Some(out)
 }
 
@@ -328,4 +402,24 @@ pub(super) fn sample_rows<R: CubeRuntime>(
         greedy,
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_splits;
+
+    #[test]
+    fn key_splits_fill_the_device_with_parts_of_two_chunks_at_least() {
+        // No device size known, or enough rows already: one part.
+        assert_eq!(key_splits(None, 4, 4096, 64), 1);
+        assert_eq!(key_splits(Some(132), 264, 4096, 64), 1);
+        // An H100 (132 multiprocessors) at batch 1, 9 KV-head rows: 264 / 9 → 30 parts, and
+        // 4096 keys allow 32 parts of two 64-key chunks: 30.
+        assert_eq!(key_splits(Some(132), 9, 4096, 64), 30);
+        // A short cache caps it: 300 keys hold two parts of 128 keys.
+        assert_eq!(key_splits(Some(132), 9, 300, 64), 2);
+        // Fewer keys than two chunks: no split; never more than 64 parts.
+        assert_eq!(key_splits(Some(132), 1, 100, 64), 1);
+        assert_eq!(key_splits(Some(1000), 1, 1 << 20, 64), 64);
+    }
 }

@@ -2,6 +2,7 @@
 //! `cube/decode.rs`. Numerics: f32 inside whatever `F` is; each kernel rounds to `F` once per
 //! output, where the composition rounds after every operation (equal in f32).
 
+use super::kernel::row_reduce;
 use cubecl::prelude::*;
 
 /// Start value of the running maxima (finite: WGSL rejects infinite literals).
@@ -42,18 +43,8 @@ pub fn add_rms_norm<F: Float>(
             squares += f * f;
             i += stride;
         }
-        // Shared-memory tree over the row's units.
-        smem[unit] = squares;
-        sync_cube();
-        let mut half = comptime!(units / 2).runtime() as usize;
-        while half > 0 {
-            if unit < half {
-                smem[unit] = smem[unit] + smem[unit + half];
-            }
-            sync_cube();
-            half /= 2;
-        }
-        let rms = F::cast_from((smem[0] / f32::cast_from(d) + epsilon).sqrt());
+        let total = row_reduce(squares, &mut smem, units, 0u32, false);
+        let rms = F::cast_from((total / f32::cast_from(d) + epsilon).sqrt());
         let mut j = unit;
         while j < d {
             // Each unit reads back only what it wrote itself.
@@ -208,6 +199,11 @@ pub fn rotary<F: Float>(
 /// The keys go by in chunks of `units`, one score per unit, with an online softmax
 /// (`acc ← acc·e^{m−m'} + Σ p·v`); unit `u < head_dim` owns output element `u`.
 ///
+/// Split over the keys (`split`, flash-decoding: a long cache and few rows): `splits` cubes
+/// per row, split `s` taking keys `[s·split_keys, (s + 1)·split_keys)`, each writing its
+/// unnormalised `acc` and its `(m, l)` to `partial` (`[rows·splits, head_dim + 2]`, f32) for
+/// [`combine_splits`] instead of `out`. Unsplit, the cube is the whole row (`splits` 1).
+///
 /// `q`, `out`: `[batch, kv_heads, rows, head_dim]` contiguous, `q` scaled; buffers `[batch,
 /// kv_heads, capacity, head_dim]`, any strides; `bias`: `[bias_rows·seq, keys]` f32
 /// (`bias_rows` 1 or batch), read when `has_bias`.
@@ -218,22 +214,33 @@ pub fn cached_attention<F: Float>(
     v_buffer: &Tensor<F>,
     bias: &Tensor<f32>,
     out: &mut Tensor<F>,
+    partial: &mut Tensor<f32>,
     kv_heads: usize,
     rows: usize,
     seq: usize,
     head_dim: usize,
     keys: usize,
     shared_bias: u32,
+    splits: usize,
+    split_keys: usize,
     #[comptime] units: u32,
     #[comptime] has_bias: bool,
+    #[comptime] split: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let stride = comptime!(units as usize);
     let mut q_row = SharedMemory::<f32>::new(comptime!(units as usize));
     let mut p = SharedMemory::<f32>::new(comptime!(units as usize));
-    let cube = CUBE_POS;
     let total = q.len() / head_dim;
-    if cube < total {
+    // The query row this cube serves and its share of the keys.
+    let cube = CUBE_POS % total;
+    let part = CUBE_POS / total;
+    let first = part * split_keys;
+    let mut end = first + split_keys;
+    if end > keys {
+        end = keys;
+    }
+    if part < splits {
         let unit = UNIT_POS_X as usize;
         let r = cube % rows;
         let g = (cube / rows) % kv_heads;
@@ -250,12 +257,12 @@ pub fn cached_attention<F: Float>(
         let mut m = f32::new(NEG_BIG);
         let mut l = f32::new(0.0);
         let mut acc = f32::new(0.0);
-        let mut start = 0;
-        while start < keys {
+        let mut start = first;
+        while start < end {
             // This unit's key of the chunk: its score, or nothing past the end.
             let t = start + unit;
             let mut score = f32::new(NEG_BIG);
-            if t < keys {
+            if t < end {
                 let mut dot = f32::new(0.0);
                 let row = kb + t * k_buffer.stride(2);
                 for e in 0..head_dim {
@@ -268,7 +275,7 @@ pub fn cached_attention<F: Float>(
             }
             p[unit] = score;
             sync_cube();
-            let mut n = keys - start;
+            let mut n = end - start;
             if n > stride {
                 n = stride;
             }
@@ -298,9 +305,51 @@ pub fn cached_attention<F: Float>(
             sync_cube();
             start += stride;
         }
-        if unit < head_dim {
+        if comptime!(split) {
+            let at = (cube * splits + part) * (head_dim + 2);
+            if unit < head_dim {
+                partial[at + unit] = acc;
+            }
+            if unit == 0 {
+                partial[at + head_dim] = m;
+                partial[at + head_dim + 1] = l;
+            }
+        } else if unit < head_dim {
             out[cube * head_dim + unit] = F::cast_from(acc / l);
         }
+    }
+}
+
+/// The splits of [`cached_attention`] merged: for each query row (one cube, unit `u <
+/// head_dim` owning output element `u`), `out = Σ_s acc_s·e^{m_s−M} / Σ_s l_s·e^{m_s−M}` with
+/// `M = max_s m_s`, the online softmax's merge. `partial`: `[rows·splits, head_dim + 2]` f32;
+/// `out`: `[rows, head_dim]` contiguous.
+#[cube(launch, address_type = "dynamic")]
+pub fn combine_splits<F: Float>(
+    partial: &Tensor<f32>,
+    out: &mut Tensor<F>,
+    rows: usize,
+    splits: usize,
+    head_dim: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let row = CUBE_POS;
+    let unit = UNIT_POS_X as usize;
+    if row < rows && unit < head_dim {
+        let base = row * splits * (head_dim + 2);
+        let mut top = f32::new(NEG_BIG);
+        for s in 0..splits {
+            top = f32::max(top, partial[base + s * (head_dim + 2) + head_dim]);
+        }
+        let mut num = f32::new(0.0);
+        let mut den = f32::new(0.0);
+        for s in 0..splits {
+            let at = base + s * (head_dim + 2);
+            let w = (partial[at + head_dim] - top).exp();
+            num += partial[at + unit] * w;
+            den += partial[at + head_dim + 1] * w;
+        }
+        out[row * head_dim + unit] = F::cast_from(num / den);
     }
 }
 

@@ -21,13 +21,15 @@ use cubecl::prelude::*;
 const NEG_BIG: f32 = -3.0e38;
 
 /// Reduces `value` over the `units` units that share this unit's `UNIT_POS_Y` and returns the
-/// result to all of them. Every unit of the cube must call it (it holds barriers).
+/// result to all of them. Every unit of the cube must call it (it holds barriers); `smem` may
+/// be reused on return. The row kernels of `decode_kernel.rs` and `softmax_kernel.rs` (one row
+/// per cube, `UNIT_POS_Y` 0) call it with `plane_size` 0.
 ///
 /// With `plane_size > 0` (plane ops supported, the plane size fixed and dividing `units`), each
 /// plane reduces with a plane op and the planes of a row combine through shared memory;
 /// otherwise it is a shared-memory tree.
 #[cube]
-fn row_reduce(
+pub(super) fn row_reduce(
     value: f32,
     smem: &mut SharedMemory<f32>,
     #[comptime] units: u32,

@@ -1,7 +1,7 @@
 //! [`LogProbOps`] for `CubeBackend<R, ..>`, generic over the runtime: one impl serves wgpu and
 //! cuda. Launch planning and buffer allocation here; the `#[cube]` code is in [`kernel`].
 
-mod decode;
+pub(crate) mod decode;
 mod decode_kernel;
 mod kernel;
 mod softmax;
@@ -38,7 +38,8 @@ where
     ) -> FloatTensor<Self> {
         match x.meta.shape()[3] % 2 {
             0 => decode::rotary(x, cos, sin),
-            // An odd head dimension has no halves to rotate: the composition's error.
+            // The kernel rotates pairs of halves; an odd head dimension has none, so it goes
+            // to the composition, which answers it as it always has (the twin's behaviour).
             _ => crate::ops::into_prim(crate::rotary::reference_rotary::<Self>(
                 crate::ops::float(x),
                 crate::ops::float(cos),

@@ -3,6 +3,7 @@
 //! launch planning is in `cube/softmax.rs`. f32 inside whatever `F` is, one rounding to `F`
 //! per output.
 
+use super::kernel::row_reduce;
 use cubecl::prelude::*;
 
 /// Start value of the running maxima (finite: WGSL rejects infinite literals).
@@ -11,7 +12,7 @@ const NEG_BIG: f32 = -3.0e38;
 /// `out = softmax(scores + bias)` over each row of `keys`: one cube of `units` units per row
 /// (`units` a power of two), three passes over the row — its maximum, the sum of
 /// exponentials, the probabilities written — each unit over a strided share, the first two
-/// merged by a shared-memory tree. `scores`, `out`: `[rows, keys]` contiguous, rows ordered
+/// merged by `row_reduce`'s shared-memory tree. `scores`, `out`: `[rows, keys]` contiguous, rows ordered
 /// `(batch, heads, seq)`; `bias`: `[bias_rows, seq, keys]` contiguous (`bias_rows` 1 or
 /// batch; read when `has_bias`).
 #[cube(launch, address_type = "dynamic")]
@@ -49,18 +50,7 @@ pub fn attention_softmax<F: Float>(
             m = f32::max(m, x);
             i += stride;
         }
-        smem[unit] = m;
-        sync_cube();
-        let mut half = comptime!(units / 2).runtime() as usize;
-        while half > 0 {
-            if unit < half {
-                smem[unit] = f32::max(smem[unit], smem[unit + half]);
-            }
-            sync_cube();
-            half /= 2;
-        }
-        let m_row = smem[0];
-        sync_cube();
+        let m_row = row_reduce(m, &mut smem, units, 0u32, true);
         let mut l = f32::new(0.0);
         let mut j = unit;
         while j < keys {
@@ -71,17 +61,7 @@ pub fn attention_softmax<F: Float>(
             l += (x - m_row).exp();
             j += stride;
         }
-        smem[unit] = l;
-        sync_cube();
-        let mut half = comptime!(units / 2).runtime() as usize;
-        while half > 0 {
-            if unit < half {
-                smem[unit] = smem[unit] + smem[unit + half];
-            }
-            sync_cube();
-            half /= 2;
-        }
-        let l_row = smem[0];
+        let l_row = row_reduce(l, &mut smem, units, 0u32, false);
         let mut k = unit;
         while k < keys {
             let mut x = f32::cast_from(scores[base + k]);
@@ -95,7 +75,7 @@ pub fn attention_softmax<F: Float>(
 }
 
 /// `out = probs ⊙ (dprobs − Σ probs ⊙ dprobs)` over each row of `keys`: one cube of `units`
-/// units per row; the row's sum by a shared-memory tree. All `[rows, keys]` contiguous.
+/// units per row; the row's sum by `row_reduce`'s shared-memory tree. All `[rows, keys]` contiguous.
 #[cube(launch, address_type = "dynamic")]
 pub fn softmax_backward<F: Float>(
     probs: &Tensor<F>,
@@ -118,17 +98,7 @@ pub fn softmax_backward<F: Float>(
             dot += f32::cast_from(probs[base + i]) * f32::cast_from(dprobs[base + i]);
             i += stride;
         }
-        smem[unit] = dot;
-        sync_cube();
-        let mut half = comptime!(units / 2).runtime() as usize;
-        while half > 0 {
-            if unit < half {
-                smem[unit] = smem[unit] + smem[unit + half];
-            }
-            sync_cube();
-            half /= 2;
-        }
-        let centre = smem[0];
+        let centre = row_reduce(dot, &mut smem, units, 0u32, false);
         let mut j = unit;
         while j < keys {
             let p = f32::cast_from(probs[base + j]);
