@@ -6,7 +6,7 @@
 #   bash reports/results/reanalyse.sh [SUITE ...]      # default: all of them
 #
 # SUITE is one of: corridor-table1 corridor-table1-steps corridor-table1-quality
-# corridor-table1-quality-stage2 regime-map regime-desktop regime-desktop-sparse. Each archive
+# corridor-table1-quality-stage2 corridor-table1-quality-stage3 regime-map regime-desktop regime-desktop-sparse. Each archive
 # is unpacked into a temporary folder (`runs/<suite>/…`, as `rlany ablate` wrote it) and the
 # report is written where RESULT.md links it. RLANY (default: target/release/rlany, built if missing) is the binary.
 set -euo pipefail
@@ -67,6 +67,23 @@ run_suite() {
     report "$R/corridor-table1-quality-stage2" runs/corridor-table1-quality \
       runs/corridor-table1-quality-stage2
     ;;
+  corridor-table1-quality-stage3)
+    # Part 2 (the blind spots watched) re-ran stage 1's outcome-only, judge A and the twins and
+    # part 1's judge B with every earlier metric identical: its report is the committed one.
+    # Part 1 beside stage 1 (judge B's long fit against stage 1's rows, and against stage 1's
+    # judge B on the seeds both have) is printed, its report not committed.
+    unpack "$R/corridor-table1-quality/runs/corridor-table1-quality.tar.gz" \
+      "$R/corridor-table1-quality-stage3/runs/corridor-table1-quality-stage3.tar.gz" \
+      "$R/corridor-table1-quality-stage3/runs/corridor-table1-quality-situations.tar.gz"
+    local p=cor_t1qs_
+    report "$R/corridor-table1-quality-stage3" runs/corridor-table1-quality-situations \
+      --compare ${p}judge_a=${p}judge_b_long_fit --compare ${p}twin_a=${p}outcome_only \
+      --compare ${p}twin_b=${p}outcome_only
+    report "$WORK/part1" runs/corridor-table1-quality runs/corridor-table1-quality-stage3 \
+      --compare cor_t1q_twin_b=cor_t1q3_judge_b_long_fit \
+      --compare cor_t1q_judge_a=cor_t1q3_judge_b_long_fit
+    grep -E '^\| (experiment|cor_t1q3_|cor_t1q_twin_b \| cor_t1q3|cor_t1q_judge_a \| cor_t1q3)' "$WORK/part1/report.md"
+    ;;
   regime-map)
     for s in corridor-k10 corridor-k20 corridor-k30 household-d015 household-d035 \
       household-d035-slack12 household-d060 household-d060-belief; do
@@ -108,5 +125,5 @@ run_suite() {
 
 SUITES=("$@")
 [ ${#SUITES[@]} -gt 0 ] || SUITES=(corridor-table1 corridor-table1-steps corridor-table1-quality \
-  corridor-table1-quality-stage2 regime-map regime-desktop regime-desktop-sparse)
+  corridor-table1-quality-stage2 corridor-table1-quality-stage3 regime-map regime-desktop regime-desktop-sparse)
 for s in "${SUITES[@]}"; do run_suite "$s"; done
