@@ -631,16 +631,7 @@ mod tests {
     }
 
     fn span(text: &str, observation: &str, oracle: bool) -> crate::rollout::StepSpan {
-        crate::rollout::StepSpan {
-            start: 0,
-            end: 0,
-            text: text.into(),
-            oracle,
-            observation: observation.into(),
-            dims: vec![],
-            oracle_blame: vec![],
-            kind: String::new(),
-        }
+        crate::rollout::StepSpan::of_text(text, observation, oracle)
     }
 
     #[test]
@@ -751,16 +742,7 @@ mod tests {
     /// judged step answered (a corridor's sign) is in its prompt; `Actions` leaves it out.
     #[test]
     fn the_history_holds_observations_only_with_steps() {
-        let step = |text: &str, observation: &str| crate::rollout::StepSpan {
-            start: 0,
-            end: 0,
-            text: text.into(),
-            oracle: true,
-            observation: observation.into(),
-            dims: Vec::new(),
-            oracle_blame: Vec::new(),
-            kind: String::new(),
-        };
+        let step = |text: &str, observation: &str| span(text, observation, true);
         let earlier = [step("L", "9\n"), step("R", "3\n")];
         assert_eq!(
             history_entries(&earlier, JudgeHistory::Actions),

@@ -36,6 +36,21 @@ pub struct StepSpan {
 }
 
 impl StepSpan {
+    /// A test's step: action `text` answered with `observation`, labelled `oracle`, no tokens.
+    #[cfg(test)]
+    pub(crate) fn of_text(text: &str, observation: &str, oracle: bool) -> Self {
+        Self {
+            start: 0,
+            end: 0,
+            text: text.into(),
+            oracle,
+            observation: observation.into(),
+            dims: Vec::new(),
+            oracle_blame: Vec::new(),
+            kind: String::new(),
+        }
+    }
+
     /// The step of tokens `start..end` with action `text`, as the environment answered it.
     fn answered(start: usize, end: usize, text: String, result: StepResult) -> Self {
         Self {

@@ -1046,16 +1046,7 @@ mod tests {
             tokens: Vec::new(),
             steps: steps
                 .iter()
-                .map(|&(text, observation)| StepSpan {
-                    start: 0,
-                    end: 1,
-                    text: text.into(),
-                    oracle: true,
-                    observation: observation.into(),
-                    dims: Vec::new(),
-                    oracle_blame: Vec::new(),
-                    kind: String::new(),
-                })
+                .map(|&(text, observation)| StepSpan::of_text(text, observation, true))
                 .collect(),
             outcome: true,
             prompt: format!("rule\n{first}\n"),

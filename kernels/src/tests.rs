@@ -1087,7 +1087,7 @@ mod wgpu_cube {
                     .into_primitive()
                     .tensor()
             };
-            let got = crate::cube::decode::cached_attention_split(
+            let got = crate::cube::decode::cached_attention(
                 prim(&q, [b, 2, group, 6]),
                 prim(&kb, [b, 2, cap, 6]),
                 prim(&vb, [b, 2, cap, 6]),

@@ -235,20 +235,8 @@ pub(crate) fn key_splits(
 }
 
 /// `None` where the head dimension is wider than a cube (the caller composes). The keys are
-/// split over several cubes per row where [`key_splits`] says so.
-pub(super) fn cached_attention<R: CubeRuntime>(
-    q: CubeTensor<R>,
-    k_buffer: CubeTensor<R>,
-    v_buffer: CubeTensor<R>,
-    keys: usize,
-    bias: Option<CubeTensor<R>>,
-    group: usize,
-) -> Option<CubeTensor<R>> {
-    cached_attention_split(q, k_buffer, v_buffer, keys, bias, group, None)
-}
-
-/// [`cached_attention`] with the number of key splits given (`None`: [`key_splits`]'s).
-pub(crate) fn cached_attention_split<R: CubeRuntime>(
+/// split over `splits` cubes per row, or as many as [`key_splits`] says (`None`).
+pub(crate) fn cached_attention<R: CubeRuntime>(
     q: CubeTensor<R>,
     k_buffer: CubeTensor<R>,
     v_buffer: CubeTensor<R>,

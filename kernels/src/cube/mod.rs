@@ -87,7 +87,7 @@ where
         bias: Option<FloatTensor<Self>>,
         group: usize,
     ) -> Option<FloatTensor<Self>> {
-        decode::cached_attention(q, k_buffer, v_buffer, keys, bias, group)
+        decode::cached_attention(q, k_buffer, v_buffer, keys, bias, group, None)
     }
 
     fn sample_rows(
