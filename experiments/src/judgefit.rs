@@ -42,7 +42,7 @@ pub struct JudgeFitArgs {
     /// Seeds run at once, one thread each (results do not depend on it).
     #[arg(long, default_value_t = 1)]
     jobs: usize,
-    /// No progress bars.
+    /// No progress bars: plain lines instead, one per measurement of each fit.
     #[arg(long)]
     no_progress: bool,
 }
@@ -146,7 +146,7 @@ fn study_seed(exp: &Experiment, seed: u64, cells: &[LearnCell], args: &JudgeFitA
                 resume: false,
                 stop_after: None,
                 progress: !args.no_progress,
-                log_lines: false,
+                log_lines: args.no_progress,
                 meta: serde_json::Value::Null,
                 warm_cache: Some(args.runs_dir.join(WARM_CACHE)),
                 checkpoint: None,

@@ -129,6 +129,9 @@ where
         let (train, val) = judge_fit::split_validation(labelled, spec.warm_start.validation);
         let memo = &train[..train.len().min(TRAIN_PROBE)];
         let (tok, spread, temperature) = (run.tok, run.spread.clone(), spec.temperature);
+        // With plain lines (no progress bars), one line a measurement: a fit runs for minutes.
+        let (every, steps) = (spec.warm_start.eval_interval(), spec.warm_start.steps);
+        let mut measured = 0usize;
         let mut probe = |judge: &M::InnerModule| {
             let mut m = BTreeMap::new();
             for (name, steps) in [("pool", &pool[..]), ("policy", &held_out[..])] {
@@ -139,6 +142,18 @@ where
             memorisation(&mut m, "train", memo, &probs);
             let probs = verdict_probs(judge, tok, &val, temperature, &spread)?;
             memorisation(&mut m, "val", &val, &probs);
+            if opts.log_lines {
+                let at = |k: &str| m.get(k).map_or("-".into(), |v| format!("{v:.3}"));
+                eprintln!(
+                    "[seed {seed} labels {} noise {}] step {}/{steps}: pool borderline {}, pool {}",
+                    cell.labels,
+                    cell.noise,
+                    (measured * every).min(steps),
+                    at("pool/logit_bal_acc/borderline"),
+                    at("pool/logit_bal_acc"),
+                );
+            }
+            measured += 1;
             Ok(m)
         };
         let fit = run.fit_judge(fresh.clone(), &train, &val, &mut rng, &mut probe)?;
