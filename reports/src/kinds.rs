@@ -204,23 +204,20 @@ fn situation_pairs(suite: &Suite) -> String {
             let Some(other) = suite.row(name) else {
                 continue;
             };
+            let seeds: Vec<u64> = row
+                .seeds()
+                .into_iter()
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
             let cells: Vec<String> = all
                 .iter()
                 .map(|sit| {
                     let key = format!("env/situation/{sit}");
-                    let at = |r: &Run| value(r, &key, When::LastQuarter);
-                    let diffs: Vec<f64> = row
-                        .runs
-                        .iter()
-                        .filter_map(|r| {
-                            let o = other
-                                .runs
-                                .iter()
-                                .find(|o| r.seed.is_some() && o.seed == r.seed)?;
-                            Some(at(r)? - at(o)?)
-                        })
-                        .collect();
-                    mean_ci95(&diffs).map_or("–".into(), |d| match d.half_width {
+                    let d = crate::table::paired_on(row, other, &seeds, |r| {
+                        value(r, &key, When::LastQuarter)
+                    });
+                    d.map_or("–".into(), |d| match d.half_width {
                         Some(h) => format!("{:+.3} ± {h:.3} (n={})", d.mean, d.n),
                         None => format!("{:+.3} (n=1)", d.mean),
                     })

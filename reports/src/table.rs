@@ -612,23 +612,32 @@ fn paired(row: &Row, base: &Row, columns: &[Column]) -> (Vec<u64>, Vec<Option<Me
         .intersection(&mine)
         .copied()
         .collect();
-    let run_of = |r: &Row, s: u64| r.runs.iter().find(|x| x.seed == Some(s)).cloned();
     let mut scratch = Vec::new();
     let diffs = columns
         .iter()
-        .map(|c| {
-            let ds: Vec<f64> = shared
-                .iter()
-                .filter_map(|&s| {
-                    let a = run_value(&run_of(row, s)?, c, &mut scratch)?;
-                    let b = run_value(&run_of(base, s)?, c, &mut scratch)?;
-                    Some(a - b)
-                })
-                .collect();
-            mean_ci95(&ds)
-        })
+        .map(|c| paired_on(row, base, &shared, |r| run_value(r, c, &mut scratch)))
         .collect();
     (shared, diffs)
+}
+
+/// The mean ± CI of `value(row's run) − value(base's run)` over `seeds` (the first run of a
+/// seed in each row), where both runs have a value.
+pub(crate) fn paired_on(
+    row: &Row,
+    base: &Row,
+    seeds: &[u64],
+    mut value: impl FnMut(&Run) -> Option<f64>,
+) -> Option<MeanCi> {
+    let run_of = |r: &Row, s: u64| r.runs.iter().find(|x| x.seed == Some(s)).cloned();
+    let ds: Vec<f64> = seeds
+        .iter()
+        .filter_map(|&s| {
+            let a = value(&run_of(row, s)?)?;
+            let b = value(&run_of(base, s)?)?;
+            Some(a - b)
+        })
+        .collect();
+    mean_ci95(&ds)
 }
 
 fn length_note(row: &Row, notes: &mut Vec<String>) {
