@@ -31,8 +31,8 @@ pub struct EvalArgs {
     /// run's own (a harder level, another scenario); its policy model must be the run's.
     #[arg(long, value_name = "FILE")]
     experiment: Option<PathBuf>,
-    /// Evaluation tasks per split (`budget.eval_tasks`, and `eval_start_tasks` where the
-    /// experiment has them).
+    /// Evaluation tasks per split (`budget.eval_tasks`, and `eval_start_tasks` and
+    /// `eval_start_sampled_tasks` where the experiment has them).
     #[arg(long)]
     tasks: Option<usize>,
     /// Seed of the evaluation's tasks (default: the run's, which reproduces its evaluations).
@@ -153,6 +153,9 @@ fn eval_run(args: &EvalArgs, run_dir: &Path) -> Result<(CheckpointEval, String)>
         exp.budget.eval_tasks = n;
         if exp.budget.eval_start_tasks > 0 {
             exp.budget.eval_start_tasks = n;
+        }
+        if exp.budget.eval_start_sampled_tasks > 0 {
+            exp.budget.eval_start_sampled_tasks = n;
         }
     }
     if let Some(b) = &args.backend {

@@ -1,5 +1,7 @@
 //! Evaluation: greedy (temperature 0) rollouts on a fixed set of held-out tasks of the
-//! training distribution (`Split::Eval`) and of the out-of-distribution split. The tasks are
+//! training distribution (`Split::Eval`) and of the out-of-distribution split (and, where a
+//! run asks for it, the policy sampled at its training temperature on the starting
+//! difficulty's tasks, `budget.eval_start_sampled_tasks`: [`EvalSampling`]). The tasks are
 //! spread evenly over the environment's eval grid ([`crate::Environment::eval_levels`]: task
 //! `i` at level `levels[i mod L]` on every dimension), so the in-domain accuracy covers the
 //! whole training range, not only where the task slots start (a run may add a third
@@ -52,6 +54,20 @@ pub struct EvalSpec<'a> {
     pub on_device: bool,
     /// Where the tasks are played: in `shards` groups, a thread each, over the peers.
     pub spread: &'a Spread,
+    /// Sampled instead of greedy (`None`: greedy).
+    pub sampling: Option<EvalSampling>,
+}
+
+/// A sampled evaluation: the policy's own sampling settings and the seed of its draws (a
+/// stream of its own, so that it disturbs no other evaluation or training stream).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EvalSampling {
+    /// Sampling temperature (the training temperature).
+    pub temperature: f64,
+    /// Nucleus mass.
+    pub top_p: f64,
+    /// Seeds the draws ([`Rng::new`]).
+    pub draws: u64,
 }
 
 /// The eval grid's points: each level on every one of `dims` dimensions (0.5 everywhere
@@ -72,7 +88,7 @@ pub fn grid_stream(split: Split) -> &'static str {
     }
 }
 
-/// Plays `spec.tasks` tasks of `spec.split` greedily.
+/// Plays `spec.tasks` tasks of `spec.split`, greedily unless `spec.sampling` says otherwise.
 pub fn evaluate<B: Backend, M: CausalLm<B>>(
     model: &M,
     env: &dyn Environment,
@@ -89,6 +105,7 @@ pub fn evaluate<B: Backend, M: CausalLm<B>>(
         max_env_steps,
         on_device,
         spread,
+        sampling,
     } = *spec;
     let mut task_rng = Rng::derive(seed, stream);
     let tasks: Vec<_> = (0..n)
@@ -101,15 +118,19 @@ pub fn evaluate<B: Backend, M: CausalLm<B>>(
         })
         .collect();
     let episodes = (0..n).zip(env.sample_many(&tasks)).collect();
+    let (temperature, top_p) = sampling.map_or((0.0, 1.0), |s| (s.temperature, s.top_p));
     let params = SampleParams {
-        temperature: 0.0,
-        top_p: 1.0,
+        temperature,
+        top_p,
         max_new_tokens: max_step_tokens,
         stop_tokens: tok.prompt_format().stop_tokens(tok),
         on_device,
     };
-    // Greedy decoding draws no random numbers; the stream is only a formality.
-    let mut rng = Rng::derive(seed, "eval-sampling");
+    // Greedy decoding draws no random numbers: its stream is only a formality.
+    let mut rng = match sampling {
+        Some(s) => Rng::new(s.draws),
+        None => Rng::derive(seed, "eval-sampling"),
+    };
     let trajectories = rollout_sharded(
         model,
         tok,

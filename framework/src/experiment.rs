@@ -965,6 +965,13 @@ pub struct Budget {
     /// training difficulty of a static run; `eval/acc_start`); 0 leaves it out.
     #[serde(skip_serializing_if = "is_zero")]
     pub eval_start_tasks: usize,
+    /// Held-out tasks of a sampled evaluation at the starting difficulty: the first this many
+    /// of `eval_start_tasks`' task set, the policy sampled at its training temperature and
+    /// top-p (`eval/acc_start_sampled`: a task counts only if every step is right, so it
+    /// reads the per-step error rate where the greedy evaluation is at its ceiling); 0 leaves
+    /// it out. Measuring only: its draws have a stream of their own.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub eval_start_sampled_tasks: usize,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -982,6 +989,7 @@ impl Default for Budget {
             eval_tasks: 64,
             checkpoint_every: 10,
             eval_start_tasks: 0,
+            eval_start_sampled_tasks: 0,
         }
     }
 }
@@ -1231,6 +1239,12 @@ impl<E: EnvironmentChoice, A: AdaptationChoice> Experiment<E, A> {
         count("budget.eval_every", b.eval_every, 1, MAX_COUNT)?;
         count("budget.eval_tasks", b.eval_tasks, 1, 65_536)?;
         count("budget.eval_start_tasks", b.eval_start_tasks, 0, 65_536)?;
+        count(
+            "budget.eval_start_sampled_tasks",
+            b.eval_start_sampled_tasks,
+            0,
+            65_536,
+        )?;
         count("budget.checkpoint_every", b.checkpoint_every, 1, MAX_COUNT)?;
         if b.tasks_per_step * b.group_size > 1 << 20 {
             return Err(FieldError::new(

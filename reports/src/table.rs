@@ -124,7 +124,7 @@ impl Column {
 pub const ACCEPT_RATE: &str = "accepted-proposal rate";
 
 /// Every column the table can have; those no run logs are left out.
-pub const COLUMNS: [Column; 24] = [
+pub const COLUMNS: [Column; 25] = [
     Column {
         header: "acc ID",
         keys: &["eval/acc_id"],
@@ -218,6 +218,12 @@ pub const COLUMNS: [Column; 24] = [
     Column {
         header: "acc at the training difficulty",
         keys: &["eval/acc_start"],
+        kind: ColumnKind::Accuracy,
+        value: ColumnValue::FirstKey,
+    },
+    Column {
+        header: "sampled acc at the training difficulty",
+        keys: &["eval/acc_start_sampled"],
         kind: ColumnKind::Accuracy,
         value: ColumnValue::FirstKey,
     },

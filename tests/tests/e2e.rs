@@ -2467,9 +2467,51 @@ Experiment(
     reward: (policy_band: (0.1, 0.9)),
     algorithm: Ppo(lr: 1e-3, policy_updates: 1),
     budget: (steps: 4, tasks_per_step: 4, group_size: 4, max_env_steps: 10,
-             eval_every: 2, eval_tasks: 16, checkpoint_every: 2, eval_start_tasks: 8),
+             eval_every: 2, eval_tasks: 16, checkpoint_every: 2, eval_start_tasks: 8,
+             eval_start_sampled_tasks: 8),
 )
 "#;
+
+/// The sampled evaluation at the starting difficulty measures and changes nothing else: a run
+/// with it logs `eval/acc_start_sampled` at every evaluation and every other value of the run
+/// without it (wall-clock keys aside), and it is a different measurement from the greedy one
+/// on the same tasks (the policy's per-step errors show when sampled).
+#[test]
+fn a_sampled_evaluation_changes_no_other_number() {
+    let dir = scratch("eval-sampled");
+    let (code, with) = run_file(&dir, "with.ron", CORRIDOR_EVAL, "cor_eval", &[]);
+    assert_eq!(code, 0);
+    let without_text = CORRIDOR_EVAL
+        .replace("\n             eval_start_sampled_tasks: 8", "")
+        .replace("\"cor_eval\"", "\"cor_greedy\"");
+    assert!(!without_text.contains("sampled"), "{without_text}");
+    let (code, without) = run_file(&dir, "without.ron", &without_text, "cor_greedy", &[]);
+    assert_eq!(code, 0);
+    let (with, without) = (metrics(&with), metrics(&without));
+    assert_eq!(with.len(), without.len());
+    let sampled = |k: &str| k.starts_with("eval/") && k.ends_with("_sampled");
+    let mut differs = 0;
+    for (a, b) in with.iter().zip(&without) {
+        let (a, b) = (a.as_object().expect("line"), b.as_object().expect("line"));
+        let kept = |m: &serde_json::Map<String, Value>| -> Vec<(String, Value)> {
+            m.iter()
+                .filter(|(k, _)| !sampled(k) && !k.ends_with("_s"))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        };
+        assert_eq!(kept(a), kept(b), "step {}", a["step"]);
+        if a.contains_key("eval/acc_id") {
+            let s = a["eval/acc_start_sampled"].as_f64().expect("sampled accuracy");
+            let step_s = a["eval/step_acc_start_sampled"].as_f64().expect("sampled steps");
+            assert!((0.0..=1.0).contains(&s) && (0.0..=1.0).contains(&step_s));
+            differs += usize::from(a["eval/step_acc_start_sampled"] != a["eval/step_acc_start"]);
+        } else {
+            assert!(!a.keys().any(|k| sampled(k)), "only evaluation steps log it");
+        }
+    }
+    assert!(differs > 0, "sampling never changed a step at any evaluation");
+    let _ = fs::remove_dir_all(dir);
+}
 
 #[test]
 fn eval_reproduces_a_runs_own_evaluation_and_evaluates_on_another_file() {

@@ -1,5 +1,6 @@
-//! The evaluation phase: the greedy evaluations, the judge's quality on its fixed pool and
-//! the proposer's posterior log.
+//! The evaluation phase: the greedy evaluations (and the sampled one at the starting
+//! difficulty, where asked for), the judge's quality on its fixed pool and the proposer's
+//! posterior log.
 
 use super::*;
 
@@ -48,8 +49,10 @@ where
         let grid = crate::eval::grid(&levels, self.dims.len());
         let start = [self.cfg.start.clone()];
         let with_start = b.eval_start_tasks > 0;
-        let mut pb = progress::bar(3 + u64::from(with_start), "eval", self.opts.progress);
-        let run_split = |split, points: &[Difficulty], stream, tasks| {
+        let with_sampled = b.eval_start_sampled_tasks > 0;
+        let bars = 3 + u64::from(with_start) + u64::from(with_sampled);
+        let mut pb = progress::bar(bars, "eval", self.opts.progress);
+        let run_split = |split, points: &[Difficulty], stream, tasks, sampling| {
             let spec = EvalSpec {
                 split,
                 points,
@@ -60,18 +63,41 @@ where
                 max_env_steps: b.max_env_steps,
                 on_device: self.cfg.sample_on_device,
                 spread: &self.spread,
+                sampling,
             };
             evaluate(&policy, self.env, self.tok, &spec)
         };
         let grid_split =
-            |split| run_split(split, &grid, crate::eval::grid_stream(split), b.eval_tasks);
+            |split| run_split(split, &grid, crate::eval::grid_stream(split), b.eval_tasks, None);
         let id = grid_split(Split::Eval)?;
         pb.inc(1);
         let ood = grid_split(Split::Ood)?;
         pb.inc(1);
         // Held-out tasks at the training difficulty itself (its own seed stream).
         let at_start = if with_start {
-            let r = run_split(Split::Eval, &start, "eval-start", b.eval_start_tasks)?;
+            let r = run_split(Split::Eval, &start, "eval-start", b.eval_start_tasks, None)?;
+            pb.inc(1);
+            Some(r)
+        } else {
+            None
+        };
+        // The same tasks (their first `eval_start_sampled_tasks`), the policy sampled at its
+        // training temperature: solved only if every step is right, so it reads the per-step
+        // error rate that a greedy evaluation at its ceiling cannot. Its draws come from a
+        // stream of their own per evaluation step.
+        let sampled = if with_sampled {
+            let sampling = EvalSampling {
+                temperature: self.cfg.sampling.temperature,
+                top_p: self.cfg.sampling.top_p,
+                draws: Rng::derive(seed, &format!("eval-start-sampled/{step}")).next_u64(),
+            };
+            let r = run_split(
+                Split::Eval,
+                &start,
+                "eval-start",
+                b.eval_start_sampled_tasks,
+                Some(sampling),
+            )?;
             pb.inc(1);
             Some(r)
         } else {
@@ -85,6 +111,10 @@ where
         if let Some(r) = &at_start {
             m.set("eval/acc_start", r.accuracy);
             m.set("eval/step_acc_start", r.step_accuracy);
+        }
+        if let Some(r) = &sampled {
+            m.set("eval/acc_start_sampled", r.accuracy);
+            m.set("eval/step_acc_start_sampled", r.step_accuracy);
         }
         for (level, acc) in levels.iter().zip(&id.by_point) {
             m.set(&format!("eval/acc_grid/{level:.2}"), *acc);

@@ -22,7 +22,7 @@
 use crate::adapt::{AdaptCounts, AdaptSlot, Critic, GateSpec, Proposer};
 use crate::checkpoint::{self, CheckpointError};
 use crate::env::{Difficulty, Environment, Split};
-use crate::eval::{EvalSpec, evaluate};
+use crate::eval::{EvalSampling, EvalSpec, evaluate};
 use crate::experiment::{
     Budget, Experiment, JudgeSpec, KlTarget, LabelSource, PpoSpec, RewardSpec, Sampling, WarmStart,
 };
