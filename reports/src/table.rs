@@ -2,7 +2,8 @@
 //! mean ± 95% CI, the best accuracy per column in bold, and each row's paired difference to its
 //! baseline (the row above unless `suite.json` names another) over the seeds both have, on
 //! every column: in-domain and OOD accuracy, the judge's accuracies, the accepted-proposal rate
-//! and the proposal counts.
+//! and the proposal counts. Written as one table per theme ([`ColumnGroup`]: success, judge,
+//! adaptation, diagnostics), so that none is wider than a screen.
 
 use crate::runs::{Final, Run};
 use crate::stats::{MeanCi, mean_ci95};
@@ -116,6 +117,48 @@ impl Column {
             ColumnValue::Share | ColumnValue::FirstQuarterGap => {
                 self.keys.iter().all(|k| run.has(k))
             }
+        }
+    }
+}
+
+/// The themes the table is split into, so that no table is wider than a screen: what was
+/// solved, the judge, the difficulty adaptation, and the training diagnostics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ColumnGroup {
+    /// Task success: the evaluations and the training success.
+    Success,
+    /// The judge's accuracies and training.
+    Judge,
+    /// The proposals of the difficulty adaptation.
+    Adaptation,
+    /// How training went: right steps, groups with a signal, episodes the environment ended.
+    Diagnostics,
+}
+
+impl ColumnGroup {
+    /// The table's heading.
+    pub fn title(self) -> &'static str {
+        match self {
+            Self::Success => "Task success",
+            Self::Judge => "The judge",
+            Self::Adaptation => "Difficulty adaptation",
+            Self::Diagnostics => "Training diagnostics",
+        }
+    }
+}
+
+impl Column {
+    /// The theme of the column, read from its first key.
+    pub fn group(&self) -> ColumnGroup {
+        let k = self.keys[0];
+        if k.starts_with("judge/") {
+            ColumnGroup::Judge
+        } else if k.starts_with("env/accepted") || k.starts_with("env/rejected") {
+            ColumnGroup::Adaptation
+        } else if k.starts_with("eval/") || k == "env/acc_mean" {
+            ColumnGroup::Success
+        } else {
+            ColumnGroup::Diagnostics
         }
     }
 }
@@ -387,67 +430,116 @@ impl Table {
         out
     }
 
-    fn main_markdown(&self) -> String {
-        let mut out = String::from("| experiment | seeds |");
-        let mut rule = String::from("|---|---:|");
-        for c in &self.columns {
-            out += &format!(" {} |", c.header);
-            rule += "---:|";
+    /// The shown columns' indices by theme, themes in order (each once, only if present).
+    fn groups(&self) -> Vec<(ColumnGroup, Vec<usize>)> {
+        let mut groups: Vec<(ColumnGroup, Vec<usize>)> = Vec::new();
+        let mut themes: Vec<ColumnGroup> = self.columns.iter().map(Column::group).collect();
+        themes.sort();
+        themes.dedup();
+        if themes.is_empty() {
+            // No column at all: one table of the rows alone.
+            return vec![(ColumnGroup::Success, Vec::new())];
         }
-        out = out + "\n" + &rule + "\n";
+        for g in themes {
+            let idx = (0..self.columns.len())
+                .filter(|&i| self.columns[i].group() == g)
+                .collect();
+            groups.push((g, idx));
+        }
+        groups
+    }
+
+    /// A theme's heading, where the table has more than one theme.
+    fn heading(&self, g: ColumnGroup) -> String {
+        if self.groups().len() > 1 {
+            format!("**{}**\n\n", g.title())
+        } else {
+            String::new()
+        }
+    }
+
+    fn main_markdown(&self) -> String {
         let best = self.best();
-        for r in &self.rows {
-            out += &format!("| {} | {} |", r.experiment, r.runs);
-            for (i, (c, cell)) in self.columns.iter().zip(&r.cells).enumerate() {
-                let text = cell.map_or_else(|| "–".to_string(), |m| cell_text(&m, c, r.runs));
-                let bold = matches!((cell, best[i]), (Some(m), Some(b)) if m.mean >= b - 1e-12);
-                out += &if bold {
-                    format!(" **{text}** |")
-                } else {
-                    format!(" {text} |")
-                };
+        let mut out = String::new();
+        for (n, (g, idx)) in self.groups().into_iter().enumerate() {
+            if n > 0 {
+                out.push('\n');
             }
-            out += "\n";
+            out += &self.heading(g);
+            out += "| experiment | seeds |";
+            let mut rule = String::from("|---|---:|");
+            for &i in &idx {
+                out += &format!(" {} |", self.columns[i].header);
+                rule += "---:|";
+            }
+            out = out + "\n" + &rule + "\n";
+            for r in &self.rows {
+                out += &format!("| {} | {} |", r.experiment, r.runs);
+                for &i in &idx {
+                    let (c, cell) = (&self.columns[i], r.cells[i]);
+                    let text =
+                        cell.map_or_else(|| "–".to_string(), |m| cell_text(&m, c, r.runs));
+                    let bold = matches!((cell, best[i]), (Some(m), Some(b)) if m.mean >= b - 1e-12);
+                    out += &if bold {
+                        format!(" **{text}** |")
+                    } else {
+                        format!(" {text} |")
+                    };
+                }
+                out += "\n";
+            }
         }
         out
     }
 
     fn diff_markdown(&self) -> String {
-        let mut out = String::from(if self.rows.iter().any(|r| !r.more.is_empty()) {
-            "Paired difference to the baseline and to each further comparison named (row − the other, over the seeds both have, matched by seed number; mean ± 95% CI):\n\n| experiment | against | shared seeds |"
+        let more = self.rows.iter().any(|r| !r.more.is_empty());
+        let mut out = String::from(if more {
+            "Paired difference to the baseline and to each further comparison named (row − the other, over the seeds both have, matched by seed number; mean ± 95% CI):\n\n"
         } else {
-            "Paired difference to the baseline (row − baseline, over the seeds both have, matched by seed number; mean ± 95% CI):\n\n| experiment | baseline | shared seeds |"
+            "Paired difference to the baseline (row − baseline, over the seeds both have, matched by seed number; mean ± 95% CI):\n\n"
         });
-        let mut rule = String::from("|---|---|---|");
-        for c in &self.columns {
-            out += &format!(" Δ {} |", c.header);
-            rule += "---:|";
-        }
-        out = out + "\n" + &rule + "\n";
-        for r in &self.rows {
-            let base = r.baseline.as_ref().map(|b| (b, &r.shared_seeds, &r.diffs));
-            let more = r
-                .more
-                .iter()
-                .map(|m| (&m.against, &m.shared_seeds, &m.diffs));
-            for (against, shared, diffs) in base.into_iter().chain(more) {
-                let seeds = if shared.is_empty() {
-                    "none".to_string()
-                } else {
-                    shared
-                        .iter()
-                        .map(u64::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                };
-                out += &format!("| {} | {against} | {seeds} |", r.experiment);
-                for (c, d) in self.columns.iter().zip(diffs) {
-                    out += &match d {
-                        Some(d) => format!(" {} |", diff_text(d, c, shared.len())),
-                        None => " – |".to_string(),
+        for (n, (g, idx)) in self.groups().into_iter().enumerate() {
+            if n > 0 {
+                out.push('\n');
+            }
+            out += &self.heading(g);
+            out += if more {
+                "| experiment | against | shared seeds |"
+            } else {
+                "| experiment | baseline | shared seeds |"
+            };
+            let mut rule = String::from("|---|---|---|");
+            for &i in &idx {
+                out += &format!(" Δ {} |", self.columns[i].header);
+                rule += "---:|";
+            }
+            out = out + "\n" + &rule + "\n";
+            for r in &self.rows {
+                let base = r.baseline.as_ref().map(|b| (b, &r.shared_seeds, &r.diffs));
+                let further = r
+                    .more
+                    .iter()
+                    .map(|m| (&m.against, &m.shared_seeds, &m.diffs));
+                for (against, shared, diffs) in base.into_iter().chain(further) {
+                    let seeds = if shared.is_empty() {
+                        "none".to_string()
+                    } else {
+                        shared
+                            .iter()
+                            .map(u64::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     };
+                    out += &format!("| {} | {against} | {seeds} |", r.experiment);
+                    for &i in &idx {
+                        out += &match &diffs[i] {
+                            Some(d) => format!(" {} |", diff_text(d, &self.columns[i], shared.len())),
+                            None => " – |".to_string(),
+                        };
+                    }
+                    out += "\n";
                 }
-                out += "\n";
             }
         }
         out
@@ -810,10 +902,23 @@ mod tests {
         assert!((d.mean - 0.25).abs() < 1e-12);
         assert!((d.half_width.expect("ci") - 3.176_551_2).abs() < 1e-6);
         let md = t.markdown();
+        // Two themes, two tables, each under its heading: the success column apart from the
+        // adaptation's three, in both the table and the paired differences.
         assert!(
-            md.contains(
-                "| x | 3 | **0.500 ± 0.000** | 1.0 ± 2.5 | 1.7 ± 3.8 | 0.375 ± 1.588 (n=2) |"
-            ),
+            md.contains("**Task success**\n\n| experiment | seeds | acc ID |\n|---|---:|---:|\n| x | 3 | **0.500 ± 0.000** |\n"),
+            "{md}"
+        );
+        assert!(
+            md.contains("**Difficulty adaptation**\n\n| experiment | seeds | proposals accepted |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| x | 3 | 1.0 ± 2.5 | 1.7 ± 3.8 | 0.375 ± 1.588 (n=2) |\n"),
+            "{md}"
+        );
+        assert_eq!(md.matches("**Task success**").count(), 2, "{md}");
+        assert!(
+            md.contains("| y | x | 1, 2, 3 | +0.000 ± 0.000 |\n"),
             "{md}"
         );
         assert!(md.contains("| +0.250 ± 3.177 (n=2) |"), "{md}");
