@@ -967,9 +967,9 @@ pub struct Budget {
     pub eval_start_tasks: usize,
     /// Held-out tasks of a sampled evaluation at the starting difficulty: the first this many
     /// of `eval_start_tasks`' task set, the policy sampled at its training temperature and
-    /// top-p (`eval/acc_start_sampled`: a task counts only if every step is right, so it
-    /// reads the per-step error rate where the greedy evaluation is at its ceiling); 0 leaves
-    /// it out. Measuring only: its draws have a stream of their own.
+    /// top-p (`eval/acc_start_sampled`, and its right-step share `eval/step_acc_start_sampled`:
+    /// the step errors that greedy decoding hides once the right answer is the likeliest);
+    /// 0 leaves it out. Measuring only: its draws have a stream of their own.
     #[serde(skip_serializing_if = "is_zero")]
     pub eval_start_sampled_tasks: usize,
 }

@@ -82,9 +82,10 @@ where
             None
         };
         // The same tasks (their first `eval_start_sampled_tasks`), the policy sampled at its
-        // training temperature: solved only if every step is right, so it reads the per-step
-        // error rate that a greedy evaluation at its ceiling cannot. Its draws come from a
-        // stream of their own per evaluation step.
+        // training temperature: the policy's remaining step errors, which greedy decoding hides
+        // once the right answer is the likeliest, cost it tasks here (and show in
+        // `eval/step_acc_start_sampled`). Its draws come from a stream of their own per
+        // evaluation step.
         let sampled = if with_sampled {
             let sampling = EvalSampling {
                 temperature: self.cfg.sampling.temperature,
