@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device run of every benchmark: `rlany bench --kernels` and `--models` on CUDA and WGPU
 # and the PyTorch anchor, side by side on the same GPU, then `rlany report --bench` over all
-# of it; with TRAIN=1, first the closed loop itself on the GPU (SmolLM2 + LoRA). Everything lands in $OUT (at most 8 files: the device's tool returns no more).
+# of it; with TRAIN=1, first the closed loop itself on the GPU (SmolLM2 + LoRA). Everything lands
+# in $OUT/all.tar.gz, $OUT/device.log beside it (the device's tool returns at most 8 files).
 #
 # Prepared here (the device has no cargo), in the checkout's root:
 #   CUDARC_CUDA_VERSION=13000 cargo build --release -p rlany --features cuda
@@ -181,6 +182,26 @@ if [ "${PROFILE:-1}" = 1 ]; then
     done
 fi
 
+# Issue 61 item 4: the fused kernels in bf16 at V = 151936 ran at ~0.4 TB/s (f32 at that V:
+# 2.3-4.5 TB/s; bf16 at V = 32768: 2.6). Which property of the shape is it? The same kernels
+# at a V that is a multiple of 256 (152064) and at half the rows (N = 8192: the logits under
+# 4 GiB, 32-bit byte offsets), with every plan printed (RLANY_KERNELS_DEBUG=1). PROBE=0 skips.
+if [ "${PROBE:-1}" = 1 ]; then
+    for be in $BACKENDS; do
+        case $be in cuda*) ;; *) continue ;; esac
+        bin=$(binary "$be")
+        [ -x "$bin" ] || continue
+        mkdir -p "$OUT/profile"
+        for n in 16384 8192; do
+            t=$(cap); [ "$t" -gt 0 ] || { say "$be: deadline reached, bf16 probe N=$n skipped"; continue; }
+            say "$be: bf16 probe at N=$n (cap ${t}s)"
+            RLANY_KERNELS_DEBUG=1 timeout "$t" "$bin" bench --kernels --backend "$be" --dtype bf16 \
+                --vocab 151936 152064 --n "$n" --reps 5 --json "$OUT/profile/$be-bf16-probe-n$n.json" \
+                >>"$OUT/profile/$be-bf16-probe.log" 2>&1 || say "$be: bf16 probe N=$n exited $?"
+        done
+    done
+fi
+
 rm -rf "$OUT/parts"
 inputs=()
 for f in "$OUT"/*.json; do [ -f "$f" ] && inputs+=(--bench "$f"); done
@@ -189,4 +210,8 @@ if [ ${#inputs[@]} -gt 0 ]; then
     "$bin" report "${inputs[@]}" --out "$OUT/report" >>"$LOG" 2>&1 || say "report exited $?"
 fi
 say "done"
-ls -la "$OUT" "$OUT/report" >>"$LOG" 2>&1
+ls -laR "$OUT" >>"$LOG" 2>&1
+# The device returns at most 8 files from $OUT: everything in one archive, the log beside it.
+tar czf /tmp/rlany-device-all.tar.gz -C "$OUT" . \
+    && find "$OUT" -mindepth 1 -not -name device.log -delete \
+    && mv /tmp/rlany-device-all.tar.gz "$OUT/all.tar.gz"
