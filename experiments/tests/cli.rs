@@ -35,7 +35,8 @@ fn repo_root() -> PathBuf {
 
 /// reports/perf/device.sh stays runnable on a CPU (`BACKENDS=ndarray QUICK=1 ANCHOR=0`, the
 /// loop step on the quickstart): every step runs, one merged JSON holds every workload, the
-/// training run's metrics come back, and the report is written.
+/// training run's metrics come back, and the report is written — all of it in one archive
+/// beside the log.
 #[test]
 fn the_device_script_runs_on_the_cpu() {
     let _cpu = shared_cpu();
@@ -69,6 +70,23 @@ fn the_device_script_runs_on_the_cpu() {
         .expect("bash runs");
     let log = std::fs::read_to_string(out.join("device.log")).unwrap_or_default();
     assert!(status.success(), "device.sh failed:\n{log}");
+    // What comes back from a device is at most 8 files: the log and one archive of the rest.
+    let mut left: Vec<String> = std::fs::read_dir(&out)
+        .expect("out")
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    left.sort();
+    assert_eq!(left, ["all.tar.gz", "device.log"]);
+    let out = dir.join("unpacked");
+    std::fs::create_dir_all(&out).expect("unpack dir");
+    let untar = Command::new("tar")
+        .arg("xzf")
+        .arg(dir.join("out/all.tar.gz"))
+        .arg("-C")
+        .arg(&out)
+        .status()
+        .expect("tar runs");
+    assert!(untar.success());
     assert!(!log.contains("exited"), "a step failed:\n{log}");
     assert!(log.contains("] done"), "the script did not finish:\n{log}");
     assert!(

@@ -6,7 +6,7 @@
 #   bash reports/results/reanalyse.sh [SUITE ...]      # default: all of them
 #
 # SUITE is one of: corridor-table1 corridor-table1-steps corridor-table1-quality
-# corridor-table1-quality-stage2 corridor-table1-quality-stage3 regime-map regime-desktop regime-desktop-sparse. Each archive
+# corridor-table1-quality-stage2 corridor-table1-quality-stage3 corridor-table1-quality-stage4 regime-map regime-desktop regime-desktop-sparse. Each archive
 # is unpacked into a temporary folder (`runs/<suite>/…`, as `rlany ablate` wrote it) and the
 # report is written where RESULT.md links it. RLANY (default: target/release/rlany, built if missing) is the binary.
 set -euo pipefail
@@ -84,6 +84,16 @@ run_suite() {
       --compare cor_t1q_judge_a=cor_t1q3_judge_b_long_fit
     grep -E '^\| (experiment|cor_t1q3_|cor_t1q_twin_b \| cor_t1q3|cor_t1q_judge_a \| cor_t1q3)' "$WORK/part1/report.md"
     ;;
+  corridor-table1-quality-stage4)
+    # Part 1 (judge B at lr 3e-4) is paired with stage 3's part-2 rows, part 2 (the adapted
+    # rows with the sampled evaluation) with part 1's judge B: the three suites in one report
+    # (the experiment files' `compare` lists hold the comparisons beyond each baseline).
+    unpack "$R/corridor-table1-quality-stage3/runs/corridor-table1-quality-situations.tar.gz" \
+      "$R/corridor-table1-quality-stage4/runs/corridor-table1-quality-stage4.tar.gz" \
+      "$R/corridor-table1-quality-stage4/runs/corridor-table1-quality-stage4-adaptation.tar.gz"
+    report "$R/corridor-table1-quality-stage4" runs/corridor-table1-quality-situations \
+      runs/corridor-table1-quality-stage4 runs/corridor-table1-quality-stage4-adaptation
+    ;;
   regime-map)
     for s in corridor-k10 corridor-k20 corridor-k30 household-d015 household-d035 \
       household-d035-slack12 household-d060 household-d060-belief; do
@@ -125,5 +135,6 @@ run_suite() {
 
 SUITES=("$@")
 [ ${#SUITES[@]} -gt 0 ] || SUITES=(corridor-table1 corridor-table1-steps corridor-table1-quality \
-  corridor-table1-quality-stage2 corridor-table1-quality-stage3 regime-map regime-desktop regime-desktop-sparse)
+  corridor-table1-quality-stage2 corridor-table1-quality-stage3 corridor-table1-quality-stage4 regime-map \
+  regime-desktop regime-desktop-sparse)
 for s in "${SUITES[@]}"; do run_suite "$s"; done
