@@ -364,12 +364,30 @@ pub struct Table {
 impl Table {
     /// Builds the table of `suite`.
     pub fn build(suite: &Suite) -> Self {
-        let columns: Vec<Column> = COLUMNS
+        // A run at static difficulty logs the proposal counters as 0 on every step: the
+        // adaptation's columns are left out where no run of the suite resolved a proposal.
+        let adapts = suite.runs().any(|r| {
+            ["env/accepted", "env/rejected"]
+                .iter()
+                .any(|k| r.series(k).iter().any(|&(_, v)| v != 0.0))
+        });
+        let logged: Vec<Column> = COLUMNS
             .iter()
             .filter(|c| suite.runs().any(|r| c.logged_by(r)))
             .copied()
             .collect();
         let mut notes = Vec::new();
+        if !adapts && logged.iter().any(|c| c.group() == ColumnGroup::Adaptation) {
+            notes.push(
+                "no run resolved a difficulty proposal (every proposal counter 0): the \
+                 adaptation's columns are left out"
+                    .to_string(),
+            );
+        }
+        let columns: Vec<Column> = logged
+            .into_iter()
+            .filter(|c| adapts || c.group() != ColumnGroup::Adaptation)
+            .collect();
         for c in &columns {
             match c.value {
                 ColumnValue::FirstKey => key_mix_note(suite, c, &mut notes),
@@ -943,6 +961,38 @@ mod tests {
             lines: (1..=8).map(line).collect(),
             ..run(exp, seed, 0.0, 0.0)
         }
+    }
+
+    #[test]
+    fn a_suite_that_never_proposes_has_no_adaptation_table() {
+        // Counters logged as 0 on every step (static difficulty): left out, with a note.
+        let t = Table::build(&Suite::from_runs(
+            vec![run("z", 1, 0.0, 0.0), run("z", 2, 0.0, 0.0)],
+            &[],
+        ));
+        assert!(!t.columns.iter().any(|c| c.group() == ColumnGroup::Adaptation));
+        assert!(t.columns.iter().any(|c| c.header == "acc ID"));
+        assert!(
+            t.notes
+                .iter()
+                .any(|n| n.contains("no run resolved a difficulty proposal")),
+            "{:?}",
+            t.notes
+        );
+        assert!(!t.markdown().contains("Difficulty adaptation"));
+        // One resolved proposal in the suite brings the columns back, for every row (the three
+        // these runs log: accepted, rejected and the rate).
+        let t = Table::build(&Suite::from_runs(
+            vec![run("z", 1, 0.0, 0.0), run("y", 1, 0.0, 1.0)],
+            &[],
+        ));
+        assert_eq!(
+            t.columns
+                .iter()
+                .filter(|c| c.group() == ColumnGroup::Adaptation)
+                .count(),
+            3
+        );
     }
 
     #[test]
