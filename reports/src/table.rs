@@ -495,8 +495,7 @@ impl Table {
                 out += &format!("| {} | {} |", r.experiment, r.runs);
                 for &i in &idx {
                     let (c, cell) = (&self.columns[i], r.cells[i]);
-                    let text =
-                        cell.map_or_else(|| "–".to_string(), |m| cell_text(&m, c, r.runs));
+                    let text = cell.map_or_else(|| "–".to_string(), |m| cell_text(&m, c, r.runs));
                     let bold = matches!((cell, best[i]), (Some(m), Some(b)) if m.mean >= b - 1e-12);
                     out += &if bold {
                         format!(" **{text}** |")
@@ -552,7 +551,9 @@ impl Table {
                     out += &format!("| {} | {against} | {seeds} |", r.experiment);
                     for &i in &idx {
                         out += &match &diffs[i] {
-                            Some(d) => format!(" {} |", diff_text(d, &self.columns[i], shared.len())),
+                            Some(d) => {
+                                format!(" {} |", diff_text(d, &self.columns[i], shared.len()))
+                            }
                             None => " – |".to_string(),
                         };
                     }
@@ -970,7 +971,11 @@ mod tests {
             vec![run("z", 1, 0.0, 0.0), run("z", 2, 0.0, 0.0)],
             &[],
         ));
-        assert!(!t.columns.iter().any(|c| c.group() == ColumnGroup::Adaptation));
+        assert!(
+            !t.columns
+                .iter()
+                .any(|c| c.group() == ColumnGroup::Adaptation)
+        );
         assert!(t.columns.iter().any(|c| c.header == "acc ID"));
         assert!(
             t.notes

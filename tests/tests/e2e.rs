@@ -2501,15 +2501,25 @@ fn a_sampled_evaluation_changes_no_other_number() {
         };
         assert_eq!(kept(a), kept(b), "step {}", a["step"]);
         if a.contains_key("eval/acc_id") {
-            let s = a["eval/acc_start_sampled"].as_f64().expect("sampled accuracy");
-            let step_s = a["eval/step_acc_start_sampled"].as_f64().expect("sampled steps");
+            let s = a["eval/acc_start_sampled"]
+                .as_f64()
+                .expect("sampled accuracy");
+            let step_s = a["eval/step_acc_start_sampled"]
+                .as_f64()
+                .expect("sampled steps");
             assert!((0.0..=1.0).contains(&s) && (0.0..=1.0).contains(&step_s));
             differs += usize::from(a["eval/step_acc_start_sampled"] != a["eval/step_acc_start"]);
         } else {
-            assert!(!a.keys().any(|k| sampled(k)), "only evaluation steps log it");
+            assert!(
+                !a.keys().any(|k| sampled(k)),
+                "only evaluation steps log it"
+            );
         }
     }
-    assert!(differs > 0, "sampling never changed a step at any evaluation");
+    assert!(
+        differs > 0,
+        "sampling never changed a step at any evaluation"
+    );
     let _ = fs::remove_dir_all(dir);
 }
 

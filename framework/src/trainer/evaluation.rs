@@ -67,8 +67,15 @@ where
             };
             evaluate(&policy, self.env, self.tok, &spec)
         };
-        let grid_split =
-            |split| run_split(split, &grid, crate::eval::grid_stream(split), b.eval_tasks, None);
+        let grid_split = |split| {
+            run_split(
+                split,
+                &grid,
+                crate::eval::grid_stream(split),
+                b.eval_tasks,
+                None,
+            )
+        };
         let id = grid_split(Split::Eval)?;
         pb.inc(1);
         let ood = grid_split(Split::Ood)?;
