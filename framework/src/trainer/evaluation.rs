@@ -48,10 +48,8 @@ where
         let levels = self.env.eval_levels();
         let grid = crate::eval::grid(&levels, self.dims.len());
         let start = [self.cfg.start.clone()];
-        let with_start = b.eval_start_tasks > 0;
-        let with_sampled = b.eval_start_sampled_tasks > 0;
-        let bars = 3 + u64::from(with_start) + u64::from(with_sampled);
-        let mut pb = progress::bar(bars, "eval", self.opts.progress);
+        let starts = u64::from(b.eval_start_tasks > 0) + u64::from(b.eval_start_sampled_tasks > 0);
+        let mut pb = progress::bar(3 + starts, "eval", self.opts.progress);
         let run_split = |split, points: &[Difficulty], stream, tasks, sampling| {
             let spec = EvalSpec {
                 split,
@@ -80,49 +78,41 @@ where
         pb.inc(1);
         let ood = grid_split(Split::Ood)?;
         pb.inc(1);
-        // Held-out tasks at the training difficulty itself (its own seed stream).
-        let at_start = if with_start {
-            let r = run_split(Split::Eval, &start, "eval-start", b.eval_start_tasks, None)?;
-            pb.inc(1);
-            Some(r)
-        } else {
-            None
+        // Held-out tasks at the training difficulty itself (their own seed stream), greedy and,
+        // where asked for, sampled (the first `eval_start_sampled_tasks` of the same tasks);
+        // `None` where the budget asks for none.
+        let mut at_start = |tasks, sampling| {
+            (tasks > 0)
+                .then(|| {
+                    let r = run_split(Split::Eval, &start, "eval-start", tasks, sampling);
+                    pb.inc(1);
+                    r
+                })
+                .transpose()
         };
-        // The same tasks (their first `eval_start_sampled_tasks`), the policy sampled at its
-        // training temperature: the policy's remaining step errors, which greedy decoding hides
-        // once the right answer is the likeliest, cost it tasks here (and show in
-        // `eval/step_acc_start_sampled`). Its draws come from a stream of their own per
+        let greedy_start = at_start(b.eval_start_tasks, None)?;
+        // Sampled at the training temperature: the policy's remaining step errors, which greedy
+        // decoding hides once the right answer is the likeliest, cost it tasks here (and show
+        // in `eval/step_acc_start_sampled`). Its draws come from a stream of their own per
         // evaluation step.
-        let sampled = if with_sampled {
-            let sampling = EvalSampling {
+        let sampled = at_start(
+            b.eval_start_sampled_tasks,
+            Some(EvalSampling {
                 temperature: self.cfg.sampling.temperature,
                 top_p: self.cfg.sampling.top_p,
                 draws: Rng::derive(seed, &format!("eval-start-sampled/{step}")).next_u64(),
-            };
-            let r = run_split(
-                Split::Eval,
-                &start,
-                "eval-start",
-                b.eval_start_sampled_tasks,
-                Some(sampling),
-            )?;
-            pb.inc(1);
-            Some(r)
-        } else {
-            None
-        };
+            }),
+        )?;
         env_ok(self.env, step)?;
         m.set("eval/acc_id", id.accuracy);
         m.set("eval/acc_ood", ood.accuracy);
         m.set("eval/step_acc_id", id.step_accuracy);
         m.set("eval/step_acc_ood", ood.step_accuracy);
-        if let Some(r) = &at_start {
-            m.set("eval/acc_start", r.accuracy);
-            m.set("eval/step_acc_start", r.step_accuracy);
-        }
-        if let Some(r) = &sampled {
-            m.set("eval/acc_start_sampled", r.accuracy);
-            m.set("eval/step_acc_start_sampled", r.step_accuracy);
+        for (name, r) in [("start", &greedy_start), ("start_sampled", &sampled)] {
+            if let Some(r) = r {
+                m.set(&format!("eval/acc_{name}"), r.accuracy);
+                m.set(&format!("eval/step_acc_{name}"), r.step_accuracy);
+            }
         }
         for (level, acc) in levels.iter().zip(&id.by_point) {
             m.set(&format!("eval/acc_grid/{level:.2}"), *acc);
