@@ -448,52 +448,60 @@ impl Table {
         out
     }
 
-    /// The shown columns' indices by theme, themes in order (each once, only if present).
+    /// The shown columns' indices by theme, themes in order (each once, only if present); one
+    /// theme of no columns when nothing is shown (a table of the rows alone).
     fn groups(&self) -> Vec<(ColumnGroup, Vec<usize>)> {
         let mut groups: Vec<(ColumnGroup, Vec<usize>)> = Vec::new();
-        let mut themes: Vec<ColumnGroup> = self.columns.iter().map(Column::group).collect();
-        themes.sort();
-        themes.dedup();
-        if themes.is_empty() {
-            // No column at all: one table of the rows alone.
-            return vec![(ColumnGroup::Success, Vec::new())];
+        for (i, c) in self.columns.iter().enumerate() {
+            match groups.iter_mut().find(|(g, _)| *g == c.group()) {
+                Some((_, idx)) => idx.push(i),
+                None => groups.push((c.group(), vec![i])),
+            }
         }
-        for g in themes {
-            let idx = (0..self.columns.len())
-                .filter(|&i| self.columns[i].group() == g)
-                .collect();
-            groups.push((g, idx));
+        groups.sort_by_key(|(g, _)| *g);
+        if groups.is_empty() {
+            groups.push((ColumnGroup::Success, Vec::new()));
         }
         groups
     }
 
-    /// A theme's heading, where the table has more than one theme.
-    fn heading(&self, g: ColumnGroup) -> String {
-        if self.groups().len() > 1 {
-            format!("**{}**\n\n", g.title())
-        } else {
-            String::new()
+    /// One Markdown table per theme, each under its heading where there are several: the lead
+    /// header cells `lead` (ruled by `lead_rule`), a cell `prefix` + header per column of the
+    /// theme, then `body`'s rows for the theme's column indices.
+    fn by_theme(
+        &self,
+        lead: &str,
+        lead_rule: &str,
+        prefix: &str,
+        body: impl Fn(&[usize]) -> String,
+    ) -> String {
+        let groups = self.groups();
+        let mut out = String::new();
+        for (n, (g, idx)) in groups.iter().enumerate() {
+            if n > 0 {
+                out.push('\n');
+            }
+            if groups.len() > 1 {
+                out += &format!("**{}**\n\n", g.title());
+            }
+            out += lead;
+            let mut rule = String::from(lead_rule);
+            for &i in idx {
+                out += &format!(" {prefix}{} |", self.columns[i].header);
+                rule += "---:|";
+            }
+            out = out + "\n" + &rule + "\n" + &body(idx);
         }
+        out
     }
 
     fn main_markdown(&self) -> String {
         let best = self.best();
-        let mut out = String::new();
-        for (n, (g, idx)) in self.groups().into_iter().enumerate() {
-            if n > 0 {
-                out.push('\n');
-            }
-            out += &self.heading(g);
-            out += "| experiment | seeds |";
-            let mut rule = String::from("|---|---:|");
-            for &i in &idx {
-                out += &format!(" {} |", self.columns[i].header);
-                rule += "---:|";
-            }
-            out = out + "\n" + &rule + "\n";
+        self.by_theme("| experiment | seeds |", "|---|---:|", "", |idx| {
+            let mut out = String::new();
             for r in &self.rows {
                 out += &format!("| {} | {} |", r.experiment, r.runs);
-                for &i in &idx {
+                for &i in idx {
                     let (c, cell) = (&self.columns[i], r.cells[i]);
                     let text = cell.map_or_else(|| "–".to_string(), |m| cell_text(&m, c, r.runs));
                     let bold = matches!((cell, best[i]), (Some(m), Some(b)) if m.mean >= b - 1e-12);
@@ -505,33 +513,25 @@ impl Table {
                 }
                 out += "\n";
             }
-        }
-        out
+            out
+        })
     }
 
     fn diff_markdown(&self) -> String {
         let more = self.rows.iter().any(|r| !r.more.is_empty());
-        let mut out = String::from(if more {
-            "Paired difference to the baseline and to each further comparison named (row − the other, over the seeds both have, matched by seed number; mean ± 95% CI):\n\n"
+        let (intro, lead) = if more {
+            (
+                "Paired difference to the baseline and to each further comparison named (row − the other, over the seeds both have, matched by seed number; mean ± 95% CI):\n\n",
+                "| experiment | against | shared seeds |",
+            )
         } else {
-            "Paired difference to the baseline (row − baseline, over the seeds both have, matched by seed number; mean ± 95% CI):\n\n"
-        });
-        for (n, (g, idx)) in self.groups().into_iter().enumerate() {
-            if n > 0 {
-                out.push('\n');
-            }
-            out += &self.heading(g);
-            out += if more {
-                "| experiment | against | shared seeds |"
-            } else {
-                "| experiment | baseline | shared seeds |"
-            };
-            let mut rule = String::from("|---|---|---|");
-            for &i in &idx {
-                out += &format!(" Δ {} |", self.columns[i].header);
-                rule += "---:|";
-            }
-            out = out + "\n" + &rule + "\n";
+            (
+                "Paired difference to the baseline (row − baseline, over the seeds both have, matched by seed number; mean ± 95% CI):\n\n",
+                "| experiment | baseline | shared seeds |",
+            )
+        };
+        let tables = self.by_theme(lead, "|---|---|---|", "Δ ", |idx| {
+            let mut out = String::new();
             for r in &self.rows {
                 let base = r.baseline.as_ref().map(|b| (b, &r.shared_seeds, &r.diffs));
                 let further = r
@@ -549,7 +549,7 @@ impl Table {
                             .join(", ")
                     };
                     out += &format!("| {} | {against} | {seeds} |", r.experiment);
-                    for &i in &idx {
+                    for &i in idx {
                         out += &match &diffs[i] {
                             Some(d) => {
                                 format!(" {} |", diff_text(d, &self.columns[i], shared.len()))
@@ -560,8 +560,9 @@ impl Table {
                     out += "\n";
                 }
             }
-        }
-        out
+            out
+        });
+        intro.to_string() + &tables
     }
 
     /// The best mean of each accuracy column, when at least two rows have a value.
