@@ -562,7 +562,9 @@ fn draw_layer<DB: DrawingBackend>(
             shape,
             points,
         } => {
-            for &p in points.iter().filter(|&&p| c.inside(p)) {
+            for p in last_per_pixel(points.iter().filter(|&&p| c.inside(p)), |p| {
+                chart.backend_coord(p)
+            }) {
                 draw_marker(area, p, *shape, *color)?;
             }
         }
@@ -617,6 +619,26 @@ fn draw_layer<DB: DrawingBackend>(
         }
     }
     Ok(())
+}
+
+/// The points of one marker layer without those that a later point of the layer draws over
+/// exactly (the same pixel: the same opaque marker), in drawing order. Keeping each pixel's
+/// last point leaves the picture as it was — whatever covers a pixel last still does — while
+/// a figure of many runs' proposals (mostly at the same step and value) shrinks severalfold.
+fn last_per_pixel<'a>(
+    points: impl Iterator<Item = &'a (f64, f64)>,
+    pixel: impl Fn(&(f64, f64)) -> (i32, i32),
+) -> Vec<(f64, f64)> {
+    let points: Vec<(f64, f64)> = points.copied().collect();
+    let mut seen = std::collections::HashSet::new();
+    let mut kept: Vec<(f64, f64)> = points
+        .iter()
+        .rev()
+        .filter(|p| seen.insert(pixel(p)))
+        .copied()
+        .collect();
+    kept.reverse();
+    kept
 }
 
 /// Draws one marker centred at data point `p` (any coordinate system).
@@ -724,6 +746,20 @@ mod tests {
         assert_eq!(tick(&0.0), "0");
         assert_eq!(tick(&-5.551115123125783e-17), "0");
         assert_eq!(tick(&2.5e-4), "2.5e-4");
+    }
+
+    #[test]
+    fn a_marker_drawn_over_by_the_same_pixel_is_left_out() {
+        // Pixels at a tenth of a unit: (1.01, 2) and (1.04, 2) share (10, 20).
+        let px = |p: &(f64, f64)| ((p.0 * 10.0).round() as i32, (p.1 * 10.0).round() as i32);
+        let pts = [(1.01, 2.0), (3.0, 4.0), (1.04, 2.0), (3.0, 4.0), (5.0, 6.0)];
+        // The last point of each pixel stays, in drawing order: (1.04, 2) replaces (1.01, 2),
+        // the second (3, 4) the first.
+        assert_eq!(
+            last_per_pixel(pts.iter(), px),
+            vec![(1.04, 2.0), (3.0, 4.0), (5.0, 6.0)]
+        );
+        assert!(last_per_pixel([].iter(), px).is_empty());
     }
 
     #[test]
