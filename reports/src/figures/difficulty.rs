@@ -220,6 +220,13 @@ fn difficulty_figure(row: &Row, data: &[(&Run, DifficultyData)]) -> Option<Plann
     let (mut lo, mut hi) = (0.0f64, 1.0f64);
     for (di, name) in dims.iter().enumerate() {
         let mut layers = Vec::new();
+        // Every seed's proposals in one layer per kind of marker, drawn over all the seeds'
+        // lines: markers of one kind are the same whatever the seed, so one drawn over
+        // another at the same pixel is drawn once (a suite of five adapted seeds proposes
+        // the same value at the same step over and over).
+        let mut accepted: Vec<(Shape, Vec<(f64, f64)>)> =
+            [Shape::Up, Shape::Down, Shape::Circle].map(|s| (s, Vec::new())).into();
+        let mut rejected = Vec::new();
         for (si, (_, d)) in data.iter().enumerate() {
             let Some(j) = d.dims.iter().position(|n| n == name) else {
                 continue;
@@ -242,26 +249,28 @@ fn difficulty_figure(row: &Row, data: &[(&Run, DifficultyData)]) -> Option<Plann
                 dashed: false,
                 dots: false,
             });
-            for shape in [Shape::Up, Shape::Down, Shape::Circle] {
-                let pts: Vec<(f64, f64)> = d.accepted[j]
-                    .iter()
-                    .filter(|(_, s)| *s == shape)
-                    .map(|(p, _)| *p)
-                    .collect();
-                if !pts.is_empty() {
-                    layers.push(Layer::Markers {
-                        color: GREEN,
-                        shape,
-                        points: pts,
-                    });
-                }
+            for (shape, pts) in &mut accepted {
+                pts.extend(
+                    d.accepted[j]
+                        .iter()
+                        .filter(|(_, s)| s == shape)
+                        .map(|(p, _)| *p),
+                );
             }
+            rejected.extend_from_slice(&d.rejected[j]);
+        }
+        for (shape, points) in accepted.into_iter().filter(|(_, p)| !p.is_empty()) {
             layers.push(Layer::Markers {
-                color: RED,
-                shape: Shape::Cross,
-                points: d.rejected[j].clone(),
+                color: GREEN,
+                shape,
+                points,
             });
         }
+        layers.push(Layer::Markers {
+            color: RED,
+            shape: Shape::Cross,
+            points: rejected,
+        });
         panels.push(Panel {
             title: name.clone(),
             x_label: STEP.into(),
@@ -334,7 +343,7 @@ fn difficulty_figure(row: &Row, data: &[(&Run, DifficultyData)]) -> Option<Plann
             legend,
         },
         caption: format!(
-            "`{}`: task difficulty per dimension (0 = easiest, 1 = hardest), one line per seed (identical seeds draw over each other), {source}.",
+            "`{}`: task difficulty per dimension (0 = easiest, 1 = hardest), one line per seed (identical seeds draw over each other), {source}; the markers of every seed drawn over the lines.",
             row.experiment
         ),
         after: None,
