@@ -107,7 +107,7 @@ fn cell(xs: &[f64], runs: usize) -> String {
 }
 
 /// The situation columns: header, key stem, how a run's value is made.
-const SITUATION: [(&str, &str, When); 5] = [
+const SITUATION: [(&str, &str, When); 6] = [
     (
         "policy takes it, first ¼",
         "env/situation",
@@ -122,6 +122,11 @@ const SITUATION: [(&str, &str, When); 5] = [
         "judge approves: pool, first eval",
         "judge/eval_approve",
         When::FirstEval,
+    ),
+    (
+        "judge approves: pool, last eval",
+        "judge/eval_approve",
+        When::LastEval,
     ),
     (
         "judge approves: policy's steps, first ¼",
@@ -181,23 +186,45 @@ fn by_suffix_table(suite: &Suite, label: &str, columns: &[(&str, &str, When)]) -
 fn judge_table(suite: &Suite) -> Option<String> {
     let mut md = by_suffix_table(suite, "kind", &JUDGE)?;
     md += "\nThe judge per kind of step, mean ± 95% CI over seeds (`(n=k)`: only k runs have the value — a kind with no wrong step in a window has no p⁻ and no balanced accuracy there). Pool: the fixed labelled pool at the first evaluation (step 0, the warm-started judge: what a `judge.gate` reads) and at the last (`judge/eval_*_acc/<kind>`, majority of the votes). Policy's steps: the judge's verdicts on the policy's own training steps against the oracle, averaged over the first and the last quarter of the training steps (`judge/steps_*_acc/<kind>`).\n";
+    md += &paired_by_suffix(
+        suite,
+        "judge/eval_bal_acc",
+        When::LastEval,
+        "The judge's balanced accuracy per kind on the pool at the last evaluation",
+    );
     Some(md)
 }
 
-/// The watched-situations table (an experiment's `situations`), if any run logs one, and the
-/// policy's rate of each over the last quarter paired by seed between each row and its
-/// baseline and further comparisons.
+/// The watched-situations table (an experiment's `situations`), if any run logs one, and,
+/// paired by seed between each row and its baseline and further comparisons: the policy's
+/// rate of each over the last quarter, and the judge's approval there on the pool at the last
+/// evaluation and on the policy's steps over the last quarter.
 fn situation_table(suite: &Suite) -> Option<String> {
     let mut md = by_suffix_table(suite, "situation", &SITUATION)?;
-    md += "\nThe watched situations (`after:action`: the action answered to the line `after`), mean ± 95% CI over seeds. Policy takes it: of the policy's training steps after that line, the share that answer the action (`env/situation/…`), averaged over the first and the last quarter of the training steps. Judge approves: the share of majority `+` verdicts on the steps in the situation — on the evaluation pool at the first evaluation (`judge/eval_approve/…`) and on the policy's own steps (`judge/steps_approve/…`); `(n=k)`: only k runs met it.\n";
-    md += &situation_pairs(suite);
+    md += "\nThe watched situations (`after:action`: the action answered to the line `after`), mean ± 95% CI over seeds. Policy takes it: of the policy's training steps after that line, the share that answer the action (`env/situation/…`), averaged over the first and the last quarter of the training steps. Judge approves: the share of majority `+` verdicts on the steps in the situation — on the evaluation pool at the first and the last evaluation (`judge/eval_approve/…`) and on the policy's own steps (`judge/steps_approve/…`); `(n=k)`: only k runs met it.\n";
+    for (stem, when, what) in [
+        ("env/situation", When::LastQuarter, "The policy takes it, last ¼"),
+        (
+            "judge/eval_approve",
+            When::LastEval,
+            "The judge approves it: pool, last eval",
+        ),
+        (
+            "judge/steps_approve",
+            When::LastQuarter,
+            "The judge approves it: policy's steps, last ¼",
+        ),
+    ] {
+        md += &paired_by_suffix(suite, stem, when, what);
+    }
     Some(md)
 }
 
-/// The policy's rate of each watched situation over the last quarter, row − row named, paired
-/// by seed (mean ± 95% CI of the per-seed differences); empty without a pair that has one.
-fn situation_pairs(suite: &Suite) -> String {
-    let all = kinds(suite.runs(), &["env/situation"]);
+/// `what`, row − row named, paired by seed (mean ± 95% CI of the per-seed differences) for
+/// each suffix of `stem` that a run logs, a run's value taken at `when`: one line per row and
+/// its baseline or further comparison; empty without a pair that has a value.
+fn paired_by_suffix(suite: &Suite, stem: &str, when: When, what: &str) -> String {
+    let all = kinds(suite.runs(), &[stem]);
     let mut lines = String::new();
     for row in &suite.rows {
         for name in row.baseline.iter().chain(&row.compare) {
@@ -212,11 +239,9 @@ fn situation_pairs(suite: &Suite) -> String {
                 .collect();
             let cells: Vec<String> = all
                 .iter()
-                .map(|sit| {
-                    let key = format!("env/situation/{sit}");
-                    let d = crate::table::paired_on(row, other, &seeds, |r| {
-                        value(r, &key, When::LastQuarter)
-                    });
+                .map(|suffix| {
+                    let key = format!("{stem}/{suffix}");
+                    let d = crate::table::paired_on(row, other, &seeds, |r| value(r, &key, when));
                     d.map_or("–".into(), |d| match d.half_width {
                         Some(h) => format!("{:+.3} ± {h:.3} (n={})", d.mean, d.n),
                         None => format!("{:+.3} (n=1)", d.mean),
@@ -237,7 +262,7 @@ fn situation_pairs(suite: &Suite) -> String {
         return lines;
     }
     format!(
-        "\nThe policy takes it, last ¼, paired by seed (row − row named; `n`: the seeds both have it):\n\n| comparison | {} |\n|---|{}\n{lines}",
+        "\n{what}, paired by seed (row − row named; `n`: the seeds both have it; `{stem}/…`):\n\n| comparison | {} |\n|---|{}\n{lines}",
         all.join(" | "),
         "---:|".repeat(all.len())
     )
@@ -413,28 +438,32 @@ mod tests {
     fn watched_situations_by_hand() {
         // Eight steps (quarters: steps 1–2 and 7–8), the pool at step 0. Seed 1 takes `L` after
         // a 6 at 0.2 early and 0.6 late; seed 2 at 0.4 and 0.8; the judge approves it on the
-        // pool 1.0 and 0.9, on the policy's steps 1.0 throughout (seed 2 never judged there).
-        let watched = |seed: u64, early: f64, late: f64, pool: f64, judged: bool| {
-            let mut lines = vec![(0, vec![("judge/eval_approve/6:L", pool)])];
+        // pool 1.0 and 0.9 at step 0 and 0.4 and 0.2 at step 8, on the policy's steps 1.0
+        // throughout (seed 2 never judged there).
+        let watched = |seed: u64, early: f64, late: f64, pool: (f64, f64), judged: bool| {
+            let mut lines = vec![(0, vec![("judge/eval_approve/6:L", pool.0)])];
             for s in 1..=8 {
                 let mut kv = vec![("env/situation/6:L", if s <= 2 { early } else { late })];
                 if judged {
                     kv.push(("judge/steps_approve/6:L", 1.0));
+                }
+                if s == 8 {
+                    kv.push(("judge/eval_approve/6:L", pool.1));
                 }
                 lines.push((s, kv));
             }
             run("w", seed, lines)
         };
         let against = |seed, late| {
-            let mut r = watched(seed, 0.0, late, 0.5, false);
+            let mut r = watched(seed, 0.0, late, (0.5, 0.5), false);
             r.experiment = "o".into();
             r
         };
         let (o1, o2) = (against(1, 0.5), against(2, 0.5));
         let mut suite = Suite::from_runs(
             vec![
-                watched(1, 0.2, 0.6, 1.0, true),
-                watched(2, 0.4, 0.8, 0.9, false),
+                watched(1, 0.2, 0.6, (1.0, 0.4), true),
+                watched(2, 0.4, 0.8, (0.9, 0.2), false),
                 o1,
                 o2,
             ],
@@ -443,13 +472,46 @@ mod tests {
         suite.add_comparisons(&[("w".into(), "o".into())]);
         let md = markdown(&suite, &[]);
         // Last quarter, w − o by seed: 0.6 − 0.5, 0.8 − 0.5 → 0.200 ± 12.706·0.1414/√2.
-        assert!(md.contains("| w − o | +0.200 ± 1.271 (n=2) |"), "{md}");
+        let policy = md.find("The policy takes it, last ¼, paired").expect("policy pairs");
+        assert!(md[policy..].contains("| w − o | +0.200 ± 1.271 (n=2) |"), "{md}");
+        // The pool at the last evaluation, w − o: 0.4 − 0.5, 0.2 − 0.5 → −0.200 ± 1.271.
+        let pool = md.find("pool, last eval, paired").expect("pool pairs");
+        assert!(md[pool..].contains("| w − o | -0.200 ± 1.271 (n=2) |"), "{md}");
+        // `o` is never judged on its steps: no pair there, so no such table.
+        assert!(!md.contains("policy's steps, last ¼, paired"), "{md}");
         // 0.2, 0.4 → 0.300 ± 12.706·0.1414/√2 = 0.300 ± 1.271; 0.6, 0.8 → 0.700 ± 1.271;
-        // pool 1.0, 0.9 → 0.950 ± 0.635; judged on seed 1 only: 1.000 (n=1).
+        // pool 1.0, 0.9 → 0.950 ± 0.635, then 0.4, 0.2 → 0.300 ± 1.271; judged on seed 1
+        // only: 1.000 (n=1).
         assert!(
-            md.contains("| w | 6:L | 0.300 ± 1.271 | 0.700 ± 1.271 | 0.950 ± 0.635 | 1.000 (n=1) | 1.000 (n=1) |"),
+            md.contains("| w | 6:L | 0.300 ± 1.271 | 0.700 ± 1.271 | 0.950 ± 0.635 | 0.300 ± 1.271 | 1.000 (n=1) | 1.000 (n=1) |"),
             "{md}"
         );
+    }
+
+    #[test]
+    fn the_judge_by_kind_at_the_last_evaluation_paired_by_hand() {
+        // j's pool at step 8: 0.9, 1.0; k's: 0.7, 0.7 → j − k: 0.2, 0.3 → 0.250 ± 0.635.
+        let k = |seed| {
+            let mut r = judged(seed, 0.6, 0.5, 0.5);
+            r.experiment = "k".into();
+            r
+        };
+        let mut suite = Suite::from_runs(
+            vec![
+                judged(1, 0.8, 0.6, 0.7),
+                judged(2, 0.9, 0.8, 0.9),
+                k(1),
+                k(2),
+            ],
+            &[],
+        );
+        suite.add_comparisons(&[("j".into(), "k".into())]);
+        let md = markdown(&suite, &[]);
+        let at = md
+            .find("balanced accuracy per kind on the pool at the last evaluation, paired")
+            .expect("paired by kind");
+        assert!(md[at..].contains("| comparison | borderline |"), "{md}");
+        assert!(md[at..].contains("| j − k | +0.250 ± 0.635 (n=2) |"), "{md}");
     }
 
     #[test]
