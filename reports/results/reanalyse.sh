@@ -94,6 +94,10 @@ run_suite() {
     report "$R/corridor-table1-quality-stage4" runs/corridor-table1-quality-situations \
       runs/corridor-table1-quality-stage4 runs/corridor-table1-quality-stage4-adaptation
     ;;
+  consistency-repair)
+    unpack "$R/consistency-repair/runs/consistency-repair.tar.gz"
+    report "$R/consistency-repair" runs/consistency-repair
+    ;;
   regime-map)
     for s in corridor-k10 corridor-k20 corridor-k30 household-d015 household-d035 \
       household-d035-slack12 household-d060 household-d060-belief; do
@@ -135,6 +139,6 @@ run_suite() {
 
 SUITES=("$@")
 [ ${#SUITES[@]} -gt 0 ] || SUITES=(corridor-table1 corridor-table1-steps corridor-table1-quality \
-  corridor-table1-quality-stage2 corridor-table1-quality-stage3 corridor-table1-quality-stage4 regime-map \
+  corridor-table1-quality-stage2 corridor-table1-quality-stage3 corridor-table1-quality-stage4 consistency-repair regime-map \
   regime-desktop regime-desktop-sparse)
 for s in "${SUITES[@]}"; do run_suite "$s"; done
