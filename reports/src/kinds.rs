@@ -203,7 +203,11 @@ fn situation_table(suite: &Suite) -> Option<String> {
     let mut md = by_suffix_table(suite, "situation", &SITUATION)?;
     md += "\nThe watched situations (`after:action`: the action answered to the line `after`), mean ± 95% CI over seeds. Policy takes it: of the policy's training steps after that line, the share that answer the action (`env/situation/…`), averaged over the first and the last quarter of the training steps. Judge approves: the share of majority `+` verdicts on the steps in the situation — on the evaluation pool at the first and the last evaluation (`judge/eval_approve/…`) and on the policy's own steps (`judge/steps_approve/…`); `(n=k)`: only k runs met it.\n";
     for (stem, when, what) in [
-        ("env/situation", When::LastQuarter, "The policy takes it, last ¼"),
+        (
+            "env/situation",
+            When::LastQuarter,
+            "The policy takes it, last ¼",
+        ),
         (
             "judge/eval_approve",
             When::LastEval,
@@ -472,11 +476,19 @@ mod tests {
         suite.add_comparisons(&[("w".into(), "o".into())]);
         let md = markdown(&suite, &[]);
         // Last quarter, w − o by seed: 0.6 − 0.5, 0.8 − 0.5 → 0.200 ± 12.706·0.1414/√2.
-        let policy = md.find("The policy takes it, last ¼, paired").expect("policy pairs");
-        assert!(md[policy..].contains("| w − o | +0.200 ± 1.271 (n=2) |"), "{md}");
+        let policy = md
+            .find("The policy takes it, last ¼, paired")
+            .expect("policy pairs");
+        assert!(
+            md[policy..].contains("| w − o | +0.200 ± 1.271 (n=2) |"),
+            "{md}"
+        );
         // The pool at the last evaluation, w − o: 0.4 − 0.5, 0.2 − 0.5 → −0.200 ± 1.271.
         let pool = md.find("pool, last eval, paired").expect("pool pairs");
-        assert!(md[pool..].contains("| w − o | -0.200 ± 1.271 (n=2) |"), "{md}");
+        assert!(
+            md[pool..].contains("| w − o | -0.200 ± 1.271 (n=2) |"),
+            "{md}"
+        );
         // `o` is never judged on its steps: no pair there, so no such table.
         assert!(!md.contains("policy's steps, last ¼, paired"), "{md}");
         // 0.2, 0.4 → 0.300 ± 12.706·0.1414/√2 = 0.300 ± 1.271; 0.6, 0.8 → 0.700 ± 1.271;
@@ -511,7 +523,10 @@ mod tests {
             .find("balanced accuracy per kind on the pool at the last evaluation, paired")
             .expect("paired by kind");
         assert!(md[at..].contains("| comparison | borderline |"), "{md}");
-        assert!(md[at..].contains("| j − k | +0.250 ± 0.635 (n=2) |"), "{md}");
+        assert!(
+            md[at..].contains("| j − k | +0.250 ± 0.635 (n=2) |"),
+            "{md}"
+        );
     }
 
     #[test]

@@ -224,8 +224,9 @@ fn difficulty_figure(row: &Row, data: &[(&Run, DifficultyData)]) -> Option<Plann
         // lines: markers of one kind are the same whatever the seed, so one drawn over
         // another at the same pixel is drawn once (a suite of five adapted seeds proposes
         // the same value at the same step over and over).
-        let mut accepted: Vec<(Shape, Vec<(f64, f64)>)> =
-            [Shape::Up, Shape::Down, Shape::Circle].map(|s| (s, Vec::new())).into();
+        let mut accepted: Vec<(Shape, Vec<(f64, f64)>)> = [Shape::Up, Shape::Down, Shape::Circle]
+            .map(|s| (s, Vec::new()))
+            .into();
         let mut rejected = Vec::new();
         for (si, (_, d)) in data.iter().enumerate() {
             let Some(j) = d.dims.iter().position(|n| n == name) else {
