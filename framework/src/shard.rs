@@ -105,19 +105,46 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Sum<'_> {
     }
 }
 
-/// `f(input)` for every input, each as a task of the CPU backends' thread pool (rayon's global
-/// pool: one thread per core, or `RAYON_NUM_THREADS`); a single input runs on this thread. The
-/// results in input order; a panic in one is re-raised here. In the pool, a shard's own
-/// parallel matrix products share its threads with the other shards instead of adding
-/// threads of their own (two shards on two cores: two threads, not four; reports/perf/NOTES.md
-/// §9j). What each shard computes does not depend on which thread runs it.
+/// `f(input)` for every input, each as a task of the shards' thread pool (as many threads as
+/// rayon's global pool: one per core, or `RAYON_NUM_THREADS`); a single input runs on this
+/// thread. The results in input order; a panic in one is re-raised here. In the pool, a
+/// shard's own parallel matrix products (rayon's, from inside the pool) share its threads with
+/// the other shards instead of adding threads of their own (two shards on two cores: two
+/// threads, not four; reports/perf/NOTES.md §9j). What each shard computes does not depend on
+/// which thread runs it.
+///
+/// Why a pool of its own and not the global one: a shard ends its backward pass in Burn
+/// 0.21's autodiff cleanup, which locks every autodiff graph of the process in turn. If the
+/// shards ran on the global pool's threads, a training elsewhere in the process (another job
+/// of `rlany ablate --jobs`, another test) that holds its graph's lock during its backward
+/// pass while waiting for the global pool (Flex's matrix products) would wait for threads
+/// that wait for its lock: a deadlock, seen in a test run. With the shards on their own
+/// threads, the global pool's threads never take an autodiff lock.
 pub fn map<T: Send, R: Send>(inputs: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
     use rayon::prelude::*;
     if inputs.len() <= 1 {
         return inputs.into_iter().map(f).collect();
     }
     let f = &f;
-    inputs.into_par_iter().with_max_len(1).map(f).collect()
+    let run = || inputs.into_par_iter().with_max_len(1).map(f).collect();
+    match shard_pool() {
+        Some(pool) => pool.install(run),
+        None => run(),
+    }
+}
+
+/// The shards' pool, made on first use; `None` (the global pool is used) if the threads
+/// cannot be started.
+fn shard_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(rayon::current_num_threads())
+            .thread_name(|i| format!("rlany-shard-{i}"))
+            .build()
+            .ok()
+    })
+    .as_ref()
 }
 
 /// [`map`] with the inputs spread over `placement`'s peers: each peer maps its share (on its
