@@ -395,6 +395,19 @@ mod tests {
         )
     }
 
+    /// `r` as a run of experiment `experiment`.
+    fn renamed(mut r: Run, experiment: &str) -> Run {
+        r.experiment = experiment.into();
+        r
+    }
+
+    /// The section of `runs` with the comparison `row − against` added.
+    fn compared(runs: Vec<Run>, (row, against): (&str, &str)) -> String {
+        let mut suite = Suite::from_runs(runs, &[]);
+        suite.add_comparisons(&[(row.into(), against.into())]);
+        markdown(&suite, &[])
+    }
+
     /// Eight steps: quarters are steps 1–2 and 7–8; evaluations at 0 and 8.
     fn judged(seed: u64, pool0: f64, early: f64, late: f64) -> Run {
         let mut lines = vec![(0, vec![("judge/eval_bal_acc/borderline", pool0)])];
@@ -458,23 +471,16 @@ mod tests {
             }
             run("w", seed, lines)
         };
-        let against = |seed, late| {
-            let mut r = watched(seed, 0.0, late, (0.5, 0.5), false);
-            r.experiment = "o".into();
-            r
-        };
-        let (o1, o2) = (against(1, 0.5), against(2, 0.5));
-        let mut suite = Suite::from_runs(
+        let against = |seed, late| renamed(watched(seed, 0.0, late, (0.5, 0.5), false), "o");
+        let md = compared(
             vec![
                 watched(1, 0.2, 0.6, (1.0, 0.4), true),
                 watched(2, 0.4, 0.8, (0.9, 0.2), false),
-                o1,
-                o2,
+                against(1, 0.5),
+                against(2, 0.5),
             ],
-            &[],
+            ("w", "o"),
         );
-        suite.add_comparisons(&[("w".into(), "o".into())]);
-        let md = markdown(&suite, &[]);
         // Last quarter, w − o by seed: 0.6 − 0.5, 0.8 − 0.5 → 0.200 ± 12.706·0.1414/√2.
         let policy = md
             .find("The policy takes it, last ¼, paired")
@@ -503,22 +509,16 @@ mod tests {
     #[test]
     fn the_judge_by_kind_at_the_last_evaluation_paired_by_hand() {
         // j's pool at step 8: 0.9, 1.0; k's: 0.7, 0.7 → j − k: 0.2, 0.3 → 0.250 ± 0.635.
-        let k = |seed| {
-            let mut r = judged(seed, 0.6, 0.5, 0.5);
-            r.experiment = "k".into();
-            r
-        };
-        let mut suite = Suite::from_runs(
+        let k = |seed| renamed(judged(seed, 0.6, 0.5, 0.5), "k");
+        let md = compared(
             vec![
                 judged(1, 0.8, 0.6, 0.7),
                 judged(2, 0.9, 0.8, 0.9),
                 k(1),
                 k(2),
             ],
-            &[],
+            ("j", "k"),
         );
-        suite.add_comparisons(&[("j".into(), "k".into())]);
-        let md = markdown(&suite, &[]);
         let at = md
             .find("balanced accuracy per kind on the pool at the last evaluation, paired")
             .expect("paired by kind");
