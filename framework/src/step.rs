@@ -503,39 +503,57 @@ pub fn kind_metrics<'a>(m: &mut Metrics, steps: impl Iterator<Item = &'a StepSpa
 /// training steps: `env/situation/<after>:<action>`, the share of the steps answering the line
 /// `after` that answer `action` (of the trajectories the step used, as `env/*`), and
 /// `judge/steps_approve/<after>:<action>`, the share of the judged steps in the situation
-/// whose majority verdict is `+`. Each is absent from a step with no such step.
+/// whose majority verdict is `+`. Each is also logged apart for the steps of solved and of
+/// failed episodes (`env/situation_solved/…`, `env/situation_failed/…`,
+/// `judge/steps_approve_solved/…`, `judge/steps_approve_failed/…`): what the outcome can
+/// teach a judge about the situation. Each is absent from a step with no such step.
 pub fn situation_metrics(m: &mut Metrics, batch: &StepBatch, situations: &[Situation]) {
     if situations.is_empty() {
         return;
     }
     let used = used_trajectories(batch);
-    let seen: Vec<Situation> = used
+    // Every step of the used trajectories: its situation and its episode's outcome.
+    let seen: Vec<(Situation, bool)> = used
         .iter()
         .flat_map(|&i| {
             let t = &batch.trajs[i];
-            (0..t.steps.len()).map(move |k| Situation::of(t, k))
+            (0..t.steps.len()).map(move |k| (Situation::of(t, k), t.outcome))
+        })
+        .collect();
+    let judged: Vec<(Situation, bool, bool)> = batch
+        .judged
+        .iter()
+        .map(|j| {
+            let t = &batch.trajs[j.traj];
+            let approved = reward::majority(&j.verdicts) == 1;
+            (Situation::of(t, j.step), t.outcome, approved)
         })
         .collect();
     for s in situations {
-        let after: Vec<bool> = seen
-            .iter()
-            .filter(|x| x.after == s.after)
-            .map(|x| x.action == s.action)
-            .collect();
-        if !after.is_empty() {
-            m.set(&format!("env/situation/{}", s.key()), accuracy(&after));
-        }
-        let approved: Vec<bool> = batch
-            .judged
-            .iter()
-            .filter(|j| Situation::of(&batch.trajs[j.traj], j.step) == *s)
-            .map(|j| reward::majority(&j.verdicts) == 1)
-            .collect();
-        if !approved.is_empty() {
-            m.set(
-                &format!("judge/steps_approve/{}", s.key()),
-                accuracy(&approved),
-            );
+        for (suffix, keep) in [("", None), ("_solved", Some(true)), ("_failed", Some(false))] {
+            let of_outcome = |outcome: bool| keep.is_none_or(|k| k == outcome);
+            let after: Vec<bool> = seen
+                .iter()
+                .filter(|(x, o)| x.after == s.after && of_outcome(*o))
+                .map(|(x, _)| x.action == s.action)
+                .collect();
+            if !after.is_empty() {
+                m.set(
+                    &format!("env/situation{suffix}/{}", s.key()),
+                    accuracy(&after),
+                );
+            }
+            let approved: Vec<bool> = judged
+                .iter()
+                .filter(|(x, o, _)| x == s && of_outcome(*o))
+                .map(|&(_, _, a)| a)
+                .collect();
+            if !approved.is_empty() {
+                m.set(
+                    &format!("judge/steps_approve{suffix}/{}", s.key()),
+                    accuracy(&approved),
+                );
+            }
         }
     }
 }
@@ -1041,14 +1059,14 @@ mod tests {
     fn situation_metrics_hand_computed() {
         // A corridor's steps as text: the prompt's last line is the first door, each
         // observation the next door. Group 1 is not used: its trajectory counts nowhere.
-        let corridor = |task: usize, first: &str, steps: &[(&str, &str)]| Trajectory {
+        let corridor = |task: usize, first: &str, steps: &[(&str, &str)], outcome| Trajectory {
             task,
             tokens: Vec::new(),
             steps: steps
                 .iter()
                 .map(|&(text, observation)| StepSpan::of_text(text, observation, true))
                 .collect(),
-            outcome: true,
+            outcome,
             prompt: format!("rule\n{first}\n"),
             finite: true,
         };
@@ -1056,11 +1074,11 @@ mod tests {
         batch.groups = vec![group(0, false, 0.2), group(1, false, 0.2)];
         batch.groups[1].used = false;
         batch.trajs = vec![
-            // After a 6: L, then (after the 2) L, then (after the 6) R.
-            corridor(0, "6", &[("L", "2"), ("L", "6"), ("R", "")]),
-            // After a 6: L, then (after the 3) R.
-            corridor(0, "6", &[("L", "3"), ("R", "")]),
-            corridor(1, "6", &[("L", "")]),
+            // Solved. After a 6: L, then (after the 2) L, then (after the 6) R.
+            corridor(0, "6", &[("L", "2"), ("L", "6"), ("R", "")], true),
+            // Failed. After a 6: L, then (after the 3) R.
+            corridor(0, "6", &[("L", "3"), ("R", "")], false),
+            corridor(1, "6", &[("L", "")], true),
         ];
         let judged = |traj: usize, step: usize, verdicts: Vec<Verdict>| JudgedStep {
             traj,
@@ -1097,9 +1115,21 @@ mod tests {
         assert_eq!(m.get("env/situation/3:R"), Some(1.0));
         assert_eq!(m.get("judge/steps_approve/6:L"), Some(0.5));
         assert_eq!(m.get("judge/steps_approve/3:R"), Some(0.0));
+        // By the episode's outcome. After a 6 in the solved episode: L, R (1 of 2); in the
+        // failed one: L (1 of 1). `R` after a 3 only in the failed one.
+        assert_eq!(m.get("env/situation_solved/6:L"), Some(0.5));
+        assert_eq!(m.get("env/situation_failed/6:L"), Some(1.0));
+        assert_eq!(m.get("env/situation_failed/3:R"), Some(1.0));
+        assert_eq!(m.get("env/situation_solved/3:R"), None);
+        // The judged `L` after a 6: approved in the solved episode, rejected in the failed.
+        assert_eq!(m.get("judge/steps_approve_solved/6:L"), Some(1.0));
+        assert_eq!(m.get("judge/steps_approve_failed/6:L"), Some(0.0));
+        assert_eq!(m.get("judge/steps_approve_failed/3:R"), Some(0.0));
+        assert_eq!(m.get("judge/steps_approve_solved/3:R"), None);
         // Never met: no metric at all.
         assert_eq!(m.get("env/situation/9:L"), None);
         assert_eq!(m.get("judge/steps_approve/9:L"), None);
+        assert_eq!(m.get("env/situation_solved/9:L"), None);
         // Nothing watched, nothing logged.
         let mut none = Metrics::new(1);
         situation_metrics(&mut none, &batch, &[]);

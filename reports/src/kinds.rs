@@ -140,6 +140,30 @@ const SITUATION: [(&str, &str, When); 6] = [
     ),
 ];
 
+/// The situation columns split by the episode's outcome (policy's steps, last quarter).
+const SITUATION_BY_OUTCOME: [(&str, &str, When); 4] = [
+    (
+        "policy takes it: solved episodes, last ¼",
+        "env/situation_solved",
+        When::LastQuarter,
+    ),
+    (
+        "policy takes it: failed episodes, last ¼",
+        "env/situation_failed",
+        When::LastQuarter,
+    ),
+    (
+        "judge approves: solved episodes, last ¼",
+        "judge/steps_approve_solved",
+        When::LastQuarter,
+    ),
+    (
+        "judge approves: failed episodes, last ¼",
+        "judge/steps_approve_failed",
+        When::LastQuarter,
+    ),
+];
+
 /// A table of `columns` for every row and every suffix (`label`: a kind, a situation) that
 /// any run logs under a column's stem; `None` when none does. Rows whose cells are all empty
 /// for a suffix are left out.
@@ -202,6 +226,10 @@ fn judge_table(suite: &Suite) -> Option<String> {
 fn situation_table(suite: &Suite) -> Option<String> {
     let mut md = by_suffix_table(suite, "situation", &SITUATION)?;
     md += "\nThe watched situations (`after:action`: the action answered to the line `after`), mean ± 95% CI over seeds. Policy takes it: of the policy's training steps after that line, the share that answer the action (`env/situation/…`), averaged over the first and the last quarter of the training steps. Judge approves: the share of majority `+` verdicts on the steps in the situation — on the evaluation pool at the first and the last evaluation (`judge/eval_approve/…`) and on the policy's own steps (`judge/steps_approve/…`); `(n=k)`: only k runs met it.\n";
+    if let Some(t) = by_suffix_table(suite, "situation", &SITUATION_BY_OUTCOME) {
+        md += "\nBy the episode's outcome: the same shares over the last quarter of the training steps, counting only the steps of solved episodes or only those of failed ones (`env/situation_solved/…`, `env/situation_failed/…`, `judge/steps_approve_solved/…`, `judge/steps_approve_failed/…`). A situation the outcome can teach a judge about is one the policy takes more often in failed episodes than in solved ones.\n\n";
+        md += &t;
+    }
     for (stem, when, what) in [
         (
             "env/situation",
@@ -502,6 +530,47 @@ mod tests {
         // only: 1.000 (n=1).
         assert!(
             md.contains("| w | 6:L | 0.300 ± 1.271 | 0.700 ± 1.271 | 0.950 ± 0.635 | 0.300 ± 1.271 | 1.000 (n=1) | 1.000 (n=1) |"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn watched_situations_by_outcome_by_hand() {
+        // Eight steps (last quarter: steps 7–8). `L` after a 6 is never taken in a solved
+        // episode; in failed ones at 0.4 then 0.6 (seed 1) and 0.8 throughout (seed 2); the
+        // judge approves it on failed episodes' steps 1.0 then 0.5 (seed 1), 0.2 (seed 2).
+        let by_outcome = |seed: u64, failed: (f64, f64), approve: (f64, f64)| {
+            let lines = (1..=8)
+                .map(|s| {
+                    let late = s >= 7;
+                    let pick = |(a, b): (f64, f64)| if late { b } else { a };
+                    let kv = vec![
+                        ("env/situation/6:L", 0.5),
+                        ("env/situation_solved/6:L", 0.0),
+                        ("env/situation_failed/6:L", pick(failed)),
+                        ("judge/steps_approve_failed/6:L", pick(approve)),
+                    ];
+                    (s, kv)
+                })
+                .collect();
+            run("w", seed, lines)
+        };
+        let md = markdown(
+            &Suite::from_runs(
+                vec![
+                    by_outcome(1, (0.4, 0.6), (1.0, 0.5)),
+                    by_outcome(2, (0.8, 0.8), (0.2, 0.2)),
+                ],
+                &[],
+            ),
+            &[],
+        );
+        let table = md.find("By the episode's outcome").expect("by-outcome table");
+        // Solved 0, 0 → 0.000 ± 0.000; failed 0.6, 0.8 → 0.700 ± 12.706·0.1414/√2 = 1.271;
+        // approved on failed 0.5, 0.2 → 0.350 ± 12.706·0.2121/√2 = 1.906; never judged on a
+        // solved episode's step: –.
+        assert!(
+            md[table..].contains("| w | 6:L | 0.000 ± 0.000 | 0.700 ± 1.271 | – | 0.350 ± 1.906 |"),
             "{md}"
         );
     }
