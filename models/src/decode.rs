@@ -24,8 +24,11 @@
 //!    fed padding, masked like any pad.
 //!
 //! A row's budget is `min(max_new_tokens, max_seq_len − its length after reading)`. A row
-//! with no budget (nothing to read, or no room for one token) gets an empty generation and
-//! is dropped. On a fresh row a prompt of `max_seq_len` tokens or more keeps only its last
+//! that stopped before the call's last step had its last token read by a later step of
+//! that call; named again with nothing appended, it goes on from the hidden state kept
+//! after that token (what reading the token in the next call would compute), so whatever
+//! a policy writes, a row with room always generates. A row with no budget (nothing
+//! read or kept, or no room for one token) gets an empty generation and is dropped. On a fresh row a prompt of `max_seq_len` tokens or more keeps only its last
 //! `max_seq_len − 1` tokens, so at least one token can be generated.
 //!
 //! The first call on fresh contexts computes exactly what one pass over the left-padded
@@ -57,6 +60,10 @@ pub struct Contexts<B: Backend> {
     next_pos: Vec<usize>,
     /// Per cached row: its last generated token, not read yet.
     pending: Vec<Option<u32>>,
+    /// Per cached row: the hidden state after its last read token, kept when that token was
+    /// read by a decoding step after the row had stopped (`[1, 1, d_model]`), so that a
+    /// next call with nothing new for the row can still sample from it.
+    last_hidden: Vec<Option<Tensor<B, 3>>>,
     /// Per row id: dropped by an earlier call.
     dropped: Vec<bool>,
     /// K/V of every cached position: `[rows, kv_heads, len, head_dim]` per layer.
@@ -73,6 +80,7 @@ impl<B: AttentionOps> Contexts<B> {
             ids: (0..rows).collect(),
             next_pos: vec![0; rows],
             pending: vec![None; rows],
+            last_hidden: vec![None; rows],
             dropped: vec![false; rows],
             cache: model.new_cache(),
             bias: None,
@@ -82,6 +90,12 @@ impl<B: AttentionOps> Contexts<B> {
     /// Number of cached positions (including padding).
     pub fn cached_len(&self) -> usize {
         self.cache.len()
+    }
+
+    /// The cache slot of row `id`.
+    #[cfg(test)]
+    fn slot(&self, id: usize) -> usize {
+        self.ids.iter().position(|&i| i == id).expect("a cached row")
     }
 
     /// Keeps the cached rows at `slots` (indices into the current cache order), in that
@@ -110,6 +124,10 @@ impl<B: AttentionOps> Contexts<B> {
         }
         self.next_pos = slots.iter().map(|&s| self.next_pos[s]).collect();
         self.pending = slots.iter().map(|&s| self.pending[s]).collect();
+        self.last_hidden = slots
+            .iter()
+            .map(|&s| self.last_hidden[s].take())
+            .collect();
         self.ids = kept_ids;
     }
 
@@ -188,7 +206,9 @@ pub(crate) fn extend<B: AttentionOps>(
             chunk.drain(..chunk.len() + 1 - max_seq_len);
         }
         let after = read + chunk.len();
-        let budget = if chunk.is_empty() || after >= max_seq_len {
+        // Nothing new to read: the row goes on from its kept hidden state, if it has one.
+        let nothing = chunk.is_empty() && ctx.last_hidden[slot].is_none();
+        let budget = if nothing || after >= max_seq_len {
             0
         } else {
             params.max_new_tokens.min(max_seq_len - after)
@@ -208,8 +228,14 @@ pub(crate) fn extend<B: AttentionOps>(
         return out;
     }
     // 2. Read: every row's new tokens, left-padded to one chunk, in one pass; what was
-    // pending is in the chunks now.
+    // pending is in the chunks now. A row with nothing to read takes its kept hidden state.
     ctx.pending.iter_mut().for_each(|p| *p = None);
+    let kept: Vec<Option<Tensor<B, 3>>> = ctx
+        .last_hidden
+        .iter_mut()
+        .zip(&chunks)
+        .map(|(h, c)| h.take().filter(|_| c.is_empty()))
+        .collect();
     // Only fresh contexts share a prefix: one that holds something reads its own tokens.
     let shared = if ctx.cache.is_empty() {
         shared_prefix_len(&chunks)
@@ -227,7 +253,11 @@ pub(crate) fn extend<B: AttentionOps>(
     }
     // Buffers that grow now make room for every token this call decodes.
     ctx.cache.reserve(steps);
-    let mut hidden = read(model, ctx, &chunks);
+    let mut hidden = if kept.iter().all(Option::is_none) {
+        read(model, ctx, &chunks)
+    } else {
+        with_kept(model, ctx, &chunks, kept)
+    };
 
     // 3. Sample, one token per row per step.
     let mut sampler = Sampler::default();
@@ -241,6 +271,12 @@ pub(crate) fn extend<B: AttentionOps>(
                 .map(|p| p.take().into_iter().collect())
                 .collect();
             hidden = read(model, ctx, &fed);
+            // A stopped row's last token was read now: keep the state after it.
+            for (r, f) in fed.iter().enumerate() {
+                if finished[r] && !f.is_empty() {
+                    ctx.last_hidden[r] = Some(hidden.clone().narrow(0, r, 1));
+                }
+            }
         }
         // [batch, 1, vocab] -> [batch, vocab]
         let logits = model
@@ -408,6 +444,35 @@ fn read_shared_prefix<B: AttentionOps>(
     ctx.cache.select_rows(Tensor::zeros([rows], &device));
     ctx.push_bias(&vec![true; rows * len], len, &device);
     ctx.next_pos.iter_mut().for_each(|p| *p = len);
+}
+
+/// [`read`] for a batch where the rows with `kept` hidden states have nothing to read: the
+/// others are read in one pass (those rows padded through it, when any row reads), and each
+/// row's hidden state is its kept one or what the pass computed.
+///
+/// # Shapes
+/// - `kept`: per row, `None` or `[1, 1, d_model]`
+/// - output: `[rows, 1, d_model]`
+fn with_kept<B: AttentionOps>(
+    model: &Transformer<B>,
+    ctx: &mut Contexts<B>,
+    chunks: &[Vec<u32>],
+    kept: Vec<Option<Tensor<B, 3>>>,
+) -> Tensor<B, 3> {
+    let fresh = chunks
+        .iter()
+        .any(|c| !c.is_empty())
+        .then(|| read(model, ctx, chunks));
+    let rows: Vec<Tensor<B, 3>> = kept
+        .into_iter()
+        .enumerate()
+        .map(|(r, k)| match (k, &fresh) {
+            (Some(k), _) => k,
+            (None, Some(f)) => f.clone().narrow(0, r, 1),
+            (None, None) => unreachable!("a row without a kept state reads something"),
+        })
+        .collect();
+    Tensor::cat(rows, 0)
 }
 
 /// Reads `chunks[r]` into cached row `r` — all rows in one pass, each chunk left-padded to
@@ -910,14 +975,26 @@ mod tests {
     fn turns_on_kept_contexts_equal_generation_from_the_whole_context() {
         for (config, temperature) in [(tiny(), 0.0), (tiny().with_qkv_bias(true), 1.0)] {
             let model = model(&config, 28);
-            // Rows stop at different steps; row 2 leaves after the first turn.
+            // Rows stop at different steps; row 2 leaves after the first turn. Turns 3 and 4
+            // append nothing to some rows (an environment whose observation is empty after
+            // a step that ended its line): a row that stopped before the call's last step
+            // had its last token read already, and must go on from there, not be dropped.
             let p = params(temperature, 1.0, 6, vec![4, 9]);
-            let appends: [Vec<Vec<u32>>; 3] = [
+            let appends: [Vec<Vec<u32>>; 5] = [
                 prompts(),
                 vec![vec![30, 31, 32], vec![33], vec![], vec![34, 35, 36, 37, 38]],
                 vec![vec![40], vec![41, 42, 43, 44, 45, 46, 47], vec![], vec![48]],
+                vec![vec![], vec![], vec![], vec![]],
+                vec![vec![], vec![50, 51], vec![], vec![]],
             ];
-            let turn_rows: [Vec<usize>; 3] = [vec![0, 1, 2, 3], vec![0, 1, 3], vec![3, 0, 1]];
+            let turn_rows: [Vec<usize>; 5] = [
+                vec![0, 1, 2, 3],
+                vec![0, 1, 3],
+                vec![3, 0, 1],
+                vec![0, 1, 3],
+                vec![1, 3, 0],
+            ];
+            let mut some_row_had_read_its_last_token = false;
             let mut contexts = model.contexts(4);
             let mut whole: Vec<Vec<u32>> = vec![Vec::new(); 4];
             let mut rng = Rng::new(5);
@@ -927,6 +1004,11 @@ mod tests {
                 // The reference: each row alone, from its whole context, with the draws it
                 // takes in the batched call (rows draw in call order, one per sampled token).
                 let before = rng.clone();
+                if turn >= 3 {
+                    some_row_had_read_its_last_token |= rows
+                        .iter()
+                        .any(|&r| contexts.last_hidden[contexts.slot(r)].is_some());
+                }
                 let gens = model.extend(&mut contexts, rows, &appended, &p, &mut rng);
                 assert!(contexts.cached_len() > 0);
                 let mut replay = before;
@@ -951,12 +1033,17 @@ mod tests {
                             .generate(std::slice::from_ref(&whole[r]), &p, &mut Rng::new(0))
                             .remove(0)
                     };
+                    assert!(!g.tokens.is_empty(), "turn {turn} row {r}: nothing generated");
                     assert_eq!(alone.tokens, g.tokens, "turn {turn} row {r}");
                     assert_eq!(alone.stopped, g.stopped);
                     assert!(max_abs_diff(&alone.logprobs, &g.logprobs) <= 1e-4);
                     whole[r].extend(&g.tokens);
                 }
             }
+            assert!(
+                some_row_had_read_its_last_token,
+                "the turns never met a row whose last token was read"
+            );
             assert!(
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     model.extend(&mut contexts, &[2], &[vec![5]], &p, &mut Rng::new(1))
