@@ -979,7 +979,8 @@ mod tests {
             // append nothing to some rows (an environment whose observation is empty after
             // a step that ended its line): a row that stopped before the call's last step
             // had its last token read already, and must go on from there, not be dropped.
-            let p = params(temperature, 1.0, 6, vec![4, 9]);
+            let stop: Vec<u32> = (0..100).filter(|t| t % 3 == 0).collect();
+            let p = params(temperature, 1.0, 6, stop);
             let appends: [Vec<Vec<u32>>; 5] = [
                 prompts(),
                 vec![vec![30, 31, 32], vec![33], vec![], vec![34, 35, 36, 37, 38]],
@@ -1051,6 +1052,53 @@ mod tests {
                 .is_err(),
                 "a dropped row cannot come back"
             );
+        }
+    }
+
+    /// Counts down one line a step and shows nothing between steps: after a step that ended
+    /// its line, nothing is new for the policy to read.
+    struct Countdown(usize);
+    impl rlany_framework::Episode for Countdown {
+        fn prompt(&self) -> String {
+            format!("count down from {}\n", self.0)
+        }
+        fn step(&mut self, action: &str) -> rlany_framework::StepResult {
+            let right = action.trim() == (self.0 - 1).to_string();
+            self.0 -= 1;
+            rlany_framework::StepResult::taken(String::new(), self.0 == 0, right, vec![], vec![])
+        }
+        fn done(&self) -> bool {
+            self.0 == 0
+        }
+        fn outcome(&self) -> bool {
+            false
+        }
+    }
+
+    /// The run that panicked ("row 1 was dropped by an earlier call"): an environment whose
+    /// observation is empty mid-episode, a policy sampled at `top_p: 1.0` whose rows end
+    /// their lines at different steps. Every episode now plays all its steps.
+    #[test]
+    fn a_rollout_with_empty_observations_plays_every_step() {
+        let model = model(&tiny(), 31);
+        let tok = crate::tokenizer::CharTokenizer::new();
+        // Stop at the newline or at end-of-sequence, as a rollout of the character model does.
+        let p = params(1.0, 1.0, 4, vec![4, 2]);
+        for seed in 0..4 {
+            let episodes: Vec<(usize, Box<dyn rlany_framework::Episode>)> = (0..16)
+                .map(|i| (i, Box::new(Countdown(6)) as Box<dyn rlany_framework::Episode>))
+                .collect();
+            let trajs = rlany_framework::rollout::rollout(
+                &model,
+                &tok,
+                episodes,
+                &p,
+                8,
+                &mut Rng::new(seed),
+            );
+            for t in &trajs {
+                assert_eq!(t.steps.len(), 6, "seed {seed} task {}", t.task);
+            }
         }
     }
 
