@@ -6,9 +6,14 @@
 #   bash reports/results/reanalyse.sh [SUITE ...]      # default: all of them
 #
 # SUITE is one of: corridor-table1 corridor-table1-steps corridor-table1-quality
-# corridor-table1-quality-stage2 corridor-table1-quality-stage3 corridor-table1-quality-stage4 regime-map regime-desktop regime-desktop-sparse. Each archive
+# corridor-table1-quality-stage2 corridor-table1-quality-stage3 corridor-table1-quality-stage4 consistency-repair regime-map
+# regime-desktop regime-desktop-sparse. Each archive
 # is unpacked into a temporary folder (`runs/<suite>/…`, as `rlany ablate` wrote it) and the
-# report is written where RESULT.md links it. RLANY (default: target/release/rlany, built if missing) is the binary.
+# report is written where RESULT.md links it. The names are the experiment suites'
+# (experiments/ablation/<suite>); the corridor Table 1's stages live under
+# reports/results/corridor-table1/ (corridor-table1 → stage0a-action-history, -steps →
+# stage0b-observations, -quality → stage1-judge-quality, -quality-stage2/3/4 →
+# stage2-adaptation, stage3-blind-spots, stage4-five-seeds; INDEX.md). RLANY (default: target/release/rlany, built if missing) is the binary.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 RLANY=${RLANY:-$ROOT/target/release/rlany}
@@ -34,37 +39,37 @@ report() { # out, then rlany report's arguments
 run_suite() {
   case $1 in
   corridor-table1)
-    unpack_into corridor-table1 "$R/corridor-table1/runs/corridor-table1.tar.gz"
+    unpack_into corridor-table1 "$R/corridor-table1/stage0a-action-history/runs/corridor-table1.tar.gz"
     local p=cor_t1_
-    report "$R/corridor-table1" runs/corridor-table1 \
+    report "$R/corridor-table1/stage0a-action-history" runs/corridor-table1 \
       $(for r in consistency consistency_balanced threshold gp; do echo --compare ${p}$r=${p}frozen_judge; done)
     ;;
   corridor-table1-steps)
-    unpack_into corridor-table1-steps "$R/corridor-table1-steps/runs/corridor-table1-steps.tar.gz"
+    unpack_into corridor-table1-steps "$R/corridor-table1/stage0b-observations/runs/corridor-table1-steps.tar.gz"
     local p=cor_t1s_
     local cmp="--compare ${p}frozen_judge=${p}matched_synthetic_judge --compare ${p}consistency=${p}matched_synthetic_judge --compare ${p}consistency=${p}frozen_judge"
-    report "$R/corridor-table1-steps" runs/corridor-table1-steps $cmp
+    report "$R/corridor-table1/stage0b-observations" runs/corridor-table1-steps $cmp
     # Seed 1 chose the learned judge's settings: the same table on seeds 2–5 alone (printed,
     # its report not committed).
     report "$WORK/seeds-2-5" runs/corridor-table1-steps $cmp --seeds 2,3,4,5
     cat "$WORK/last.txt"
     ;;
   corridor-table1-quality)
-    unpack "$R/corridor-table1-quality/runs/corridor-table1-quality.tar.gz"
+    unpack "$R/corridor-table1/stage1-judge-quality/runs/corridor-table1-quality.tar.gz"
     local p=cor_t1q_ args=()
     for pair in twin_a=outcome_only twin_b=outcome_only judge_b_consistency=outcome_only \
       judge_a=judge_b judge_a=outcome_only_80_steps judge_b=outcome_only_80_steps \
       twin_a=outcome_only_80_steps twin_b=outcome_only_80_steps; do
       args+=(--compare "$p${pair/=/=$p}")
     done
-    report "$R/corridor-table1-quality" runs/corridor-table1-quality "${args[@]}"
+    report "$R/corridor-table1/stage1-judge-quality" runs/corridor-table1-quality "${args[@]}"
     ;;
   corridor-table1-quality-stage2)
     # Stage 2's rows are paired with stage 1's: both suites in one report (the experiment
     # files' `compare` lists hold the comparisons beyond each row's baseline).
-    unpack "$R/corridor-table1-quality/runs/corridor-table1-quality.tar.gz" \
-      "$R/corridor-table1-quality-stage2/runs/corridor-table1-quality-stage2.tar.gz"
-    report "$R/corridor-table1-quality-stage2" runs/corridor-table1-quality \
+    unpack "$R/corridor-table1/stage1-judge-quality/runs/corridor-table1-quality.tar.gz" \
+      "$R/corridor-table1/stage2-adaptation/runs/corridor-table1-quality-stage2.tar.gz"
+    report "$R/corridor-table1/stage2-adaptation" runs/corridor-table1-quality \
       runs/corridor-table1-quality-stage2
     ;;
   corridor-table1-quality-stage3)
@@ -72,11 +77,11 @@ run_suite() {
     # part 1's judge B with every earlier metric identical: its report is the committed one.
     # Part 1 beside stage 1 (judge B's long fit against stage 1's rows, and against stage 1's
     # judge B on the seeds both have) is printed, its report not committed.
-    unpack "$R/corridor-table1-quality/runs/corridor-table1-quality.tar.gz" \
-      "$R/corridor-table1-quality-stage3/runs/corridor-table1-quality-stage3.tar.gz" \
-      "$R/corridor-table1-quality-stage3/runs/corridor-table1-quality-situations.tar.gz"
+    unpack "$R/corridor-table1/stage1-judge-quality/runs/corridor-table1-quality.tar.gz" \
+      "$R/corridor-table1/stage3-blind-spots/runs/corridor-table1-quality-stage3.tar.gz" \
+      "$R/corridor-table1/stage3-blind-spots/runs/corridor-table1-quality-situations.tar.gz"
     local p=cor_t1qs_
-    report "$R/corridor-table1-quality-stage3" runs/corridor-table1-quality-situations \
+    report "$R/corridor-table1/stage3-blind-spots" runs/corridor-table1-quality-situations \
       --compare ${p}judge_a=${p}judge_b_long_fit --compare ${p}twin_a=${p}outcome_only \
       --compare ${p}twin_b=${p}outcome_only
     report "$WORK/part1" runs/corridor-table1-quality runs/corridor-table1-quality-stage3 \
@@ -88,10 +93,10 @@ run_suite() {
     # Part 1 (judge B at lr 3e-4) is paired with stage 3's part-2 rows, part 2 (the adapted
     # rows with the sampled evaluation) with part 1's judge B: the three suites in one report
     # (the experiment files' `compare` lists hold the comparisons beyond each baseline).
-    unpack "$R/corridor-table1-quality-stage3/runs/corridor-table1-quality-situations.tar.gz" \
-      "$R/corridor-table1-quality-stage4/runs/corridor-table1-quality-stage4.tar.gz" \
-      "$R/corridor-table1-quality-stage4/runs/corridor-table1-quality-stage4-adaptation.tar.gz"
-    report "$R/corridor-table1-quality-stage4" runs/corridor-table1-quality-situations \
+    unpack "$R/corridor-table1/stage3-blind-spots/runs/corridor-table1-quality-situations.tar.gz" \
+      "$R/corridor-table1/stage4-five-seeds/runs/corridor-table1-quality-stage4.tar.gz" \
+      "$R/corridor-table1/stage4-five-seeds/runs/corridor-table1-quality-stage4-adaptation.tar.gz"
+    report "$R/corridor-table1/stage4-five-seeds" runs/corridor-table1-quality-situations \
       runs/corridor-table1-quality-stage4 runs/corridor-table1-quality-stage4-adaptation
     ;;
   consistency-repair)

@@ -4,7 +4,7 @@ evaluation samples (`samples.jsonl`: two trajectories per evaluation, at steps 0
 split by the kind of door a step answered — borderline (sign 3-6, where the warm-started
 policy errs) or clear — and by the oracle's label. Seeds pooled. Standard library only.
 
-    python3 reports/results/corridor-table1-steps/by_kind.py RUNS/corridor-table1-steps
+    python3 reports/results/corridor-table1/stage0b-observations/by_kind.py RUNS/corridor-table1-steps
 """
 import collections
 import glob
