@@ -180,9 +180,9 @@
 //! finish an OOD task. A policy's own trajectory can be longer (up to `2n + 2` lines).
 
 use crate::draw;
-use rlany_framework::check::{self, Checked};
-use rlany_framework::plugin::EnvironmentPlugin;
-use rlany_framework::{Difficulty, Dim, Environment, Episode, Rng, Split, StepResult};
+use rlany_contract::check::{self, Checked};
+use rlany_contract::plugin::EnvironmentPlugin;
+use rlany_contract::{Difficulty, Dim, Environment, Episode, Rng, Split, StepResult};
 use serde::{Deserialize, Serialize};
 
 /// Index of the `operands` dimension.

@@ -90,9 +90,9 @@
 //! answers of `a` characters takes `(a − 1)·k` more.
 
 use crate::draw;
-use rlany_framework::check::{self, Checked, FieldError};
-use rlany_framework::plugin::EnvironmentPlugin;
-use rlany_framework::{Difficulty, Dim, Environment, Episode, Rng, Split, StepResult};
+use rlany_contract::check::{self, Checked, FieldError};
+use rlany_contract::plugin::EnvironmentPlugin;
+use rlany_contract::{Difficulty, Dim, Environment, Episode, Rng, Split, StepResult};
 use serde::{Deserialize, Serialize};
 
 /// Index of the `length` dimension.

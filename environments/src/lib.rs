@@ -5,8 +5,8 @@
 //! holds), which validates itself and builds the component; the composition root (`rlany`)
 //! lists the plugins.
 //!
-//! Environments implement [`rlany_framework::Environment`] (a task family with a difficulty
-//! vector in `[0, 1]^k`) and hand out [`rlany_framework::Episode`]s (text in, text out, one
+//! Environments implement [`rlany_contract::Environment`] (a task family with a difficulty
+//! vector in `[0, 1]^k`) and hand out [`rlany_contract::Episode`]s (text in, text out, one
 //! line per step) with a verifier, oracle step labels, an expert and an out-of-distribution
 //! split. They never touch tensors and have no Burn dependency. Any action text, garbage
 //! included, is accepted without panicking: a malformed action is a wasted step.
@@ -26,14 +26,13 @@
 //!   (`environments/process/PROTOCOL.md`); the reference environment and the TextWorld
 //!   adapter live in `environments/process/`.
 //!
-//! Proposers implement [`rlany_framework::adapt::Proposer`]:
+//! Proposers implement [`rlany_contract::adapt::Proposer`]:
 //!
 //! - [`proposers::gp`]: a Gaussian-process model of the policy's accuracy over difficulty and
 //!   time (egobox-gp).
 
 pub mod arith;
 pub mod codegen;
-pub mod conformance;
 pub mod corridor;
 pub mod desktop;
 mod draw;
@@ -48,12 +47,15 @@ pub use corridor::{Corridor, CorridorEpisode, CorridorSpec};
 pub use desktop::{Desktop, DesktopSpec};
 pub use household::{Household, HouseholdSpec};
 pub use process::{ProcessEnv, ProcessEpisode, ProcessSpec};
+/// The environment contract's conformance checks (they live with the contract, so a plugin
+/// crate's own tests call them: `rlany_contract::conformance`).
+pub use rlany_contract::conformance;
 
 /// Every compiled-in environment, at its default settings and at the settings that change
 /// its oracle, named for test messages.
 #[cfg(test)]
-pub(crate) fn plugins_for_tests() -> Vec<(&'static str, Box<dyn rlany_framework::Environment>)> {
-    use rlany_framework::plugin::EnvironmentPlugin;
+pub(crate) fn plugins_for_tests() -> Vec<(&'static str, Box<dyn rlany_contract::Environment>)> {
+    use rlany_contract::plugin::EnvironmentPlugin;
     vec![
         ("arith", ArithSpec::default().build()),
         (
@@ -83,14 +85,27 @@ pub(crate) fn plugins_for_tests() -> Vec<(&'static str, Box<dyn rlany_framework:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rlany_framework::Split;
-    use rlany_framework::plugin::EnvironmentPlugin;
+    use rlany_contract::Split;
+    use rlany_contract::plugin::EnvironmentPlugin;
+
+    /// Every compiled-in environment keeps the contract, at its default settings and at the
+    /// settings that change its oracle.
+    #[test]
+    fn every_compiled_in_environment_passes_the_checks() {
+        for (name, env) in plugins_for_tests() {
+            let checks = conformance::run(&conformance::Compiled(env.as_ref()));
+            assert_eq!(checks.len(), 7, "{name}");
+            for c in &checks {
+                assert!(c.ok, "{name}: {} failed: {}", c.name, c.detail);
+            }
+        }
+    }
 
     /// A pretrained chat model, which has never seen these environments, is told each one's
     /// action format (a from-scratch model learns it from the warm start instead).
     #[test]
     fn every_environment_tells_a_chat_model_its_action_format() {
-        let envs: [(Box<dyn rlany_framework::Environment>, &str); 5] = [
+        let envs: [(Box<dyn rlany_contract::Environment>, &str); 5] = [
             (ArithSpec::default().build(), "A: <value>"),
             (CodegenSpec::default().build(), "ret"),
             (CorridorSpec::default().build(), "answer L or R"),

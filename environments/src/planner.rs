@@ -16,8 +16,8 @@
 //!   (the previous step's action again), `off_plan` (anything else valid).
 //! - The episode ends when the goal holds or the budget is spent.
 
-use rlany_framework::Rng;
-use rlany_framework::{Episode, StepResult};
+use rlany_contract::Rng;
+use rlany_contract::{Episode, StepResult};
 
 /// Steps beyond the expert's plan before an episode ends, by default (`slack`).
 pub const STEP_SLACK: usize = 4;
@@ -30,9 +30,9 @@ pub(crate) fn check_settings(
     slack: usize,
     difficulty: &[f64],
     dims: &[&str],
-) -> rlany_framework::check::Checked {
-    rlany_framework::check::count("slack", slack, 0, MAX_SLACK)?;
-    rlany_framework::check::difficulty("difficulty", difficulty, dims)
+) -> rlany_contract::check::Checked {
+    rlany_contract::check::count("slack", slack, 0, MAX_SLACK)?;
+    rlany_contract::check::difficulty("difficulty", difficulty, dims)
 }
 
 /// Whether `slack` is the default (a written file leaves it out then).
@@ -376,7 +376,7 @@ fn kinds_labels_budget_and_blame() {
 #[cfg(test)]
 pub(crate) mod testing {
     use super::{Plan, PlanEpisode};
-    use rlany_framework::{Environment, Episode, Rng, Split};
+    use rlany_contract::{Environment, Episode, Rng, Split};
 
     /// Plays the expert on `ep` to the end; returns the whole text the model would read.
     pub(crate) fn play_expert<P: Plan>(ep: &mut PlanEpisode<P>) -> String {
@@ -565,7 +565,7 @@ pub(crate) mod testing {
 
             #[test]
             fn tasks_are_pure_functions_of_difficulty_split_and_seed() {
-                use rlany_framework::Split;
+                use rlany_contract::Split;
                 let env = $env;
                 for seed in 0..200 {
                     let d = [0.3, 0.9, 0.6, 0.1];
@@ -582,7 +582,7 @@ pub(crate) mod testing {
             #[test]
             fn every_dimension_is_structurally_monotone() {
                 let env = $env;
-                let draw = |d: &[f64], seed| env.draw(d, rlany_framework::Split::Train, seed);
+                let draw = |d: &[f64], seed| env.draw(d, rlany_contract::Split::Train, seed);
                 $crate::planner::testing::assert_structurally_monotone(draw, $counts);
             }
 
@@ -605,7 +605,7 @@ pub(crate) mod testing {
         draw: impl Fn(&[f64], u64) -> T,
         counts: impl Fn(&T) -> [usize; 4],
     ) {
-        let mut rng = rlany_framework::Rng::new(11);
+        let mut rng = rlany_contract::Rng::new(11);
         let mut moved = [0usize; 4];
         for seed in 0..1500 {
             let base: Vec<f64> = (0..4).map(|_| rng.uniform() * 0.9).collect();

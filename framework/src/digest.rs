@@ -3,11 +3,11 @@
 //! - [`content_key`]: SHA-256 (the `sha2` crate) of bytes, as hex — the name or checksum of
 //!   stored content: checkpoint files, warm-start entries and their weights, the build's
 //!   `Cargo.lock` in a run's `meta.json`.
-//! - [`Fnv1a`]: 64-bit FNV-1a, for the two places where a fast non-cryptographic hash is the
-//!   point and nothing is stored: deriving a random stream from its name
-//!   ([`crate::Rng::derive`]: every seed's metrics depend on these exact values, so it stays)
-//!   and the replicas' per-step agreement check over every parameter
-//!   ([`crate::placement::checksum`]).
+//! - [`Fnv1a`]: 64-bit FNV-1a (written once, in the environment contract, whose
+//!   [`crate::Rng::derive`] needs it), for the places where a fast non-cryptographic hash is
+//!   the point and nothing is stored: deriving a random stream from its name (every seed's
+//!   metrics depend on these exact values, so it stays) and the replicas' per-step agreement
+//!   check over every parameter ([`crate::placement::checksum`]).
 
 use sha2::{Digest, Sha256};
 
@@ -19,36 +19,7 @@ pub fn content_key(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// 64-bit FNV-1a, fed byte by byte.
-#[derive(Debug, Clone, Copy)]
-pub struct Fnv1a(u64);
-
-impl Default for Fnv1a {
-    fn default() -> Self {
-        Self(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Fnv1a {
-    /// Feeds `bytes`.
-    pub fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-
-    /// The hash so far.
-    pub fn finish(&self) -> u64 {
-        self.0
-    }
-
-    /// The hash of `bytes`.
-    pub fn of(bytes: &[u8]) -> u64 {
-        let mut h = Self::default();
-        h.write(bytes);
-        h.finish()
-    }
-}
+pub use rlany_contract::fnv::Fnv1a;
 
 #[cfg(test)]
 mod tests {

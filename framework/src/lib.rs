@@ -5,14 +5,14 @@
 //! System"). This crate never names a concrete model, environment or proposer: those are
 //! plugins (see [`plugin`]) that the composition root pairs in an experiment file.
 
-pub mod adapt;
 pub mod advantage;
+// The environment and proposer contract lives in `rlany-contract` (no Burn); its modules are
+// re-exported here under the same paths.
+pub use rlany_contract::{adapt, check, env, plugin, rng};
 pub mod batch;
-pub mod check;
 pub mod checkpoint;
 mod compose;
 pub mod digest;
-pub mod env;
 pub mod eval;
 pub mod experiment;
 pub mod host_group;
@@ -21,11 +21,9 @@ pub mod judge_fit;
 pub mod lm;
 pub mod optimise;
 pub mod placement;
-pub mod plugin;
 pub mod ppo;
 pub mod progress;
 pub mod reward;
-pub mod rng;
 pub mod rollout;
 pub mod rundir;
 pub mod sampling;

@@ -590,7 +590,7 @@ mod tests {
     fn random_programs_always_terminate_within_the_limits() {
         // Random lines drawn from the statement words, operands and junk; every program,
         // garbage included, parses to a result or a named error, and no list ever grows.
-        use rlany_framework::Rng;
+        use rlany_contract::Rng;
         const PIECES: &[&str] = &[
             "keep ",
             "map ",

@@ -142,9 +142,9 @@ pub mod lang;
 
 use crate::draw;
 use lang::{FoldOp, Stmt};
-use rlany_framework::check::{self, Checked};
-use rlany_framework::plugin::EnvironmentPlugin;
-use rlany_framework::{Difficulty, Dim, Environment, Episode, Rng, Split, StepResult};
+use rlany_contract::check::{self, Checked};
+use rlany_contract::plugin::EnvironmentPlugin;
+use rlany_contract::{Difficulty, Dim, Environment, Episode, Rng, Split, StepResult};
 use serde::{Deserialize, Serialize};
 
 /// Index of the `length` dimension.

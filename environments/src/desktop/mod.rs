@@ -151,9 +151,9 @@ use crate::draw;
 pub use crate::planner::STEP_SLACK;
 use crate::planner::{self, Plan, PlanEpisode, check_settings, is_default_slack};
 use app::{Action, App, Control, Dialog, Elem, Goal, Hint, Id, Setting};
-use rlany_framework::check::Checked;
-use rlany_framework::plugin::EnvironmentPlugin;
-use rlany_framework::{Difficulty, Dim, Environment, Episode, Rng, Split};
+use rlany_contract::check::Checked;
+use rlany_contract::plugin::EnvironmentPlugin;
+use rlany_contract::{Difficulty, Dim, Environment, Episode, Rng, Split};
 use serde::{Deserialize, Serialize};
 
 /// Index of the `depth` dimension.

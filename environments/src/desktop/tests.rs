@@ -1,7 +1,7 @@
 use super::app::{Action, App, Control, Elem, Goal, Hint, Id, parse};
 use super::*;
 use crate::planner::testing;
-use rlany_framework::Rng;
+use rlany_contract::Rng;
 
 const LEVELS: [f64; 5] = [0.0, 0.25, 0.5, 0.75, 1.0];
 

@@ -137,9 +137,9 @@ use crate::draw;
 /// Steps beyond the expert's plan before an episode ends, by default (`slack`).
 pub use crate::planner::STEP_SLACK;
 use crate::planner::{self, Plan, PlanEpisode, check_settings, is_default_slack};
-use rlany_framework::check::Checked;
-use rlany_framework::plugin::EnvironmentPlugin;
-use rlany_framework::{Difficulty, Dim, Environment, Episode, Rng, Split};
+use rlany_contract::check::Checked;
+use rlany_contract::plugin::EnvironmentPlugin;
+use rlany_contract::{Difficulty, Dim, Environment, Episode, Rng, Split};
 use serde::{Deserialize, Serialize};
 use world::{Goal, Hint, Need, Object, Place, Receptacle, State, Tool, World};
 

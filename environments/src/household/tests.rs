@@ -1,7 +1,7 @@
 use super::world::{Goal, Hint, Need, Object, Place, Receptacle, State, Tool, World};
 use super::*;
 use crate::planner::testing;
-use rlany_framework::Rng;
+use rlany_contract::Rng;
 
 const LEVELS: [f64; 5] = [0.0, 0.25, 0.5, 0.75, 1.0];
 

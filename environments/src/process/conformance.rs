@@ -13,7 +13,7 @@
 use super::child::{Child, Failure};
 use super::{ProcessEnv, ProcessEpisode, ProcessSpec};
 use crate::conformance::{self, Check, Subject};
-use rlany_framework::{Environment, Split, StepResult};
+use rlany_contract::{Environment, Split, StepResult};
 use serde_json::Map;
 
 /// The checks' view of a process environment: every call can fail, with its reason.

@@ -56,9 +56,9 @@ pub mod reply;
 
 use child::Limits;
 use pool::{CallFailed, Launch, Pool, Sent};
-use rlany_framework::check::{self, Checked, FieldError};
-use rlany_framework::plugin::EnvironmentPlugin;
-use rlany_framework::{Difficulty, Dim, Environment, Episode, Split, StepResult};
+use rlany_contract::check::{self, Checked, FieldError};
+use rlany_contract::plugin::EnvironmentPlugin;
+use rlany_contract::{Difficulty, Dim, Environment, Episode, Split, StepResult};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::path::PathBuf;
@@ -418,11 +418,11 @@ impl Environment for ProcessEnv {
         }
     }
 
-    fn health(&self) -> Option<rlany_framework::EnvHealth> {
+    fn health(&self) -> Option<rlany_contract::EnvHealth> {
         Some(
             self.pool
                 .as_ref()
-                .map_or_else(|_| rlany_framework::EnvHealth::default(), |p| p.health()),
+                .map_or_else(|_| rlany_contract::EnvHealth::default(), |p| p.health()),
         )
     }
 }

@@ -8,7 +8,7 @@
 //! held is lost and ends failed) and the next call on the slot starts a new child. After
 //! `max_failures` failed calls with no successful `step` between them the pool is
 //! *faulted*: every later call fails at once without starting anything, and
-//! [`rlany_framework::Environment::fault`] names the command and the last failure, so the
+//! [`rlany_contract::Environment::fault`] names the command and the last failure, so the
 //! loop stops the run before its next checkpoint. A child that fails *often* without
 //! failing twice in a row (one that crashes at every third step: each new child answers
 //! two steps first) faults it too: of the last `window` outcomes (successful steps and
@@ -163,9 +163,9 @@ impl Pool {
     }
 
     /// The failure counts so far.
-    pub fn health(&self) -> rlany_framework::EnvHealth {
+    pub fn health(&self) -> rlany_contract::EnvHealth {
         let h = lock(&self.health);
-        rlany_framework::EnvHealth {
+        rlany_contract::EnvHealth {
             failed_calls: h.failed_calls,
             timeouts: h.timeouts,
             restarts: h.restarts,

@@ -3,7 +3,7 @@
 //! `lable`), or a value out of range is an error naming the field (the host treats it as
 //! garbage: the child is killed and replaced, and the error names the child's command).
 
-use rlany_framework::Dim;
+use rlany_contract::Dim;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
@@ -219,10 +219,10 @@ impl Step {
             dims: indices(w.dims, "dims", dims)?,
             blame: indices(w.blame, "blame", dims)?,
             kind: match w.kind {
-                Some(k) if !rlany_framework::env::valid_kind(&k) => {
+                Some(k) if !rlany_contract::env::valid_kind(&k) => {
                     return Err(format!(
                         "`kind` {k:?} is not a step kind (at most {} characters of a-z, 0-9 and _)",
-                        rlany_framework::env::MAX_KIND_LEN
+                        rlany_contract::env::MAX_KIND_LEN
                     ));
                 }
                 k => k.unwrap_or_default(),

@@ -455,7 +455,7 @@ fn a_child_that_fails_once_is_counted_and_the_run_goes_on() {
     let h = env.health().expect("counted");
     assert_eq!(
         h,
-        rlany_framework::EnvHealth {
+        rlany_contract::EnvHealth {
             failed_calls: 1,
             timeouts: 0,
             restarts: 1,

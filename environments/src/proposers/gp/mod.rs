@@ -75,7 +75,7 @@
 //! takes the maximum of `p(1−p) + β·sd_p` among those predicted inside `band` (delta method:
 //! `sd_p = p(1−p)·s`; Nearest when none is inside). With fewer than 2 pooled points, a failed
 //! fit, a difficulty of another dimension, a NaN accuracy, or no candidate moving the right
-//! way, it falls back to the [`Threshold`](rlany_framework::adapt::Threshold) move of 0.1.
+//! way, it falls back to the [`Threshold`](rlany_contract::adapt::Threshold) move of 0.1.
 //!
 //! **Determinism and resume.** A fit is a pure function of (observations, warm start):
 //! egobox's multistart points come from a fixed LHS seed when `n_start > 1` (from entropy when
@@ -96,13 +96,13 @@ use egobox_gp::mean_models::RegressionModel;
 use egobox_gp::{GaussianProcess, ThetaTuning};
 use linfa::prelude::{Dataset, Fit};
 use ndarray::{Array1, Array2, ArrayBase, Axis, Data as NdData, Ix1, Ix2};
-use rlany_framework::Rng;
-use rlany_framework::adapt::{
+use rlany_contract::Rng;
+use rlany_contract::adapt::{
     AdaptError, CriticFeedback, Direction, Observation, Posterior, PosteriorSlice, ProposalRequest,
     Proposer, clamp_unit, threshold_move,
 };
-use rlany_framework::check::{self, Checked, FieldError};
-use rlany_framework::plugin::{ProposerContext, ProposerPlugin};
+use rlany_contract::check::{self, Checked, FieldError};
+use rlany_contract::plugin::{ProposerContext, ProposerPlugin};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::HashMap;

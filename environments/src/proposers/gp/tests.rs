@@ -1,6 +1,6 @@
 use super::fit::Data;
 use super::*;
-use rlany_framework::adapt::{
+use rlany_contract::adapt::{
     AdaptCounts, AdaptSlot, GateSpec, ProposeContext, Threshold, accept, direction,
 };
 

@@ -228,10 +228,51 @@ pub trait Environment: Send + Sync {
     }
     /// What identifies the environment's code when the experiment file does not (an
     /// environment in another process: its name and version); part of the warm-start
-    /// cache's key when given.
+    /// cache's key when given; otherwise the key holds the behaviour's [`fingerprint`]
+    /// (which plays a few demonstrations: an environment whose tasks are costly to start,
+    /// or whose behaviour the fingerprint cannot see, names its code here).
     fn identity(&self) -> Option<String> {
         None
     }
+}
+
+/// How many demonstrations [`fingerprint`] plays.
+pub const FINGERPRINT_EPISODES: u64 = 8;
+
+/// What an environment's code does, as 16 hex digits: the hash of [`FINGERPRINT_EPISODES`]
+/// flawed-expert demonstrations at `d` (noise 0.5, seeds 0, 1, …) played through the tasks
+/// they solve — each prompt, action and what the step answered (observation, `done`, the
+/// oracle's label, `dims`, `blame`, `kind`) and the outcome. The warm-start cache keys on it
+/// where the environment gives no [`Environment::identity`], so a warm start made by other
+/// environment code is not reused: a change of the tasks, the expert or the oracle that
+/// shows in these episodes changes it. A change that shows in none of them (a rare task,
+/// another difficulty) does not; an environment can then say so through
+/// [`Environment::identity`].
+pub fn fingerprint(env: &dyn Environment, d: &[f64]) -> String {
+    let mut h = crate::fnv::Fnv1a::default();
+    let mut feed = |text: &str| {
+        h.write(&(text.len() as u64).to_le_bytes());
+        h.write(text.as_bytes());
+    };
+    for seed in 0..FINGERPRINT_EPISODES {
+        let (prompt, actions) = env.demonstration(d, 0.5, seed);
+        feed(&prompt);
+        let mut ep = env.sample(d, Split::Train, seed);
+        feed(&ep.prompt());
+        for action in &actions {
+            if ep.done() {
+                break;
+            }
+            let r = ep.step(action);
+            feed(action);
+            feed(&format!(
+                "{:?}|{}|{}|{:?}|{:?}|{}",
+                r.observation, r.done, r.label, r.dims, r.blame, r.kind
+            ));
+        }
+        feed(if ep.outcome() { "solved" } else { "failed" });
+    }
+    format!("{:016x}", h.finish())
 }
 
 /// Cumulative counts of an environment's own failures ([`Environment::health`]).
@@ -257,5 +298,67 @@ impl EnvHealth {
             restarts: self.restarts.saturating_sub(earlier.restarts),
             failed_episodes: self.failed_episodes.saturating_sub(earlier.failed_episodes),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Doors answered by one letter; `flip` relabels every step, as a code change of the
+    /// oracle would.
+    struct Doors {
+        flip: bool,
+    }
+    struct DoorsEpisode {
+        left: usize,
+        flip: bool,
+    }
+    impl Episode for DoorsEpisode {
+        fn prompt(&self) -> String {
+            format!("{} doors\n", self.left)
+        }
+        fn step(&mut self, action: &str) -> StepResult {
+            self.left -= 1;
+            let label = (action == "L") != self.flip;
+            StepResult::taken("next".into(), self.left == 0, label, vec![0], vec![0])
+        }
+        fn done(&self) -> bool {
+            self.left == 0
+        }
+        fn outcome(&self) -> bool {
+            self.done()
+        }
+    }
+    impl Environment for Doors {
+        fn difficulty_space(&self) -> Vec<Dim> {
+            vec![Dim::new("length", 1.0, 5.0)]
+        }
+        fn sample(&self, _d: &[f64], _split: Split, seed: u64) -> Box<dyn Episode> {
+            Box::new(DoorsEpisode {
+                left: 1 + seed as usize % 3,
+                flip: self.flip,
+            })
+        }
+        fn demonstration(&self, _d: &[f64], _noise: f64, seed: u64) -> (String, Vec<String>) {
+            let n = 1 + seed as usize % 3;
+            (format!("{n} doors\n"), vec!["L".into(); n])
+        }
+    }
+
+    #[test]
+    fn the_fingerprint_sees_an_oracle_change_and_nothing_else() {
+        let a = fingerprint(&Doors { flip: false }, &[0.5]);
+        assert_eq!(a.len(), 16);
+        assert_eq!(
+            a,
+            fingerprint(&Doors { flip: false }, &[0.5]),
+            "deterministic"
+        );
+        assert_ne!(
+            a,
+            fingerprint(&Doors { flip: true }, &[0.5]),
+            "the labels changed"
+        );
     }
 }

@@ -5,7 +5,7 @@
 //! lives with the plugin, validates itself and builds the component. The composition root
 //! (the `rlany` crate) owns the one list of available plugins as two enums — one variant per
 //! plugin — and implements [`EnvironmentChoice`] and [`AdaptationChoice`] for them; the
-//! framework's [`crate::Experiment`] is generic over those two enums, so a whole experiment
+//! framework's `Experiment` is generic over those two enums, so a whole experiment
 //! file is parsed in one typed pass (errors keep their file:line:column) and the framework
 //! never names a concrete component.
 

@@ -37,7 +37,7 @@ impl Rng {
     /// An independent stream named `stream` derived from `seed` (e.g. `Rng::derive(seed, "rollout")`).
     pub fn derive(seed: u64, stream: &str) -> Self {
         // FNV-1a of the stream name, mixed with the seed.
-        let h = crate::digest::Fnv1a::of(stream.as_bytes());
+        let h = crate::fnv::Fnv1a::of(stream.as_bytes());
         Self::new(seed ^ h.rotate_left(17))
     }
 

@@ -1,7 +1,8 @@
-//! The contract every environment keeps, checked the same way for every one of them: the
-//! compiled-in environments (a test runs it on each) and an environment in another process
-//! (`rlany env process -- CMD`, which adds the protocol's own checks, see
-//! [`crate::process::conformance`]). `rlany env NAME --check` runs it for a user.
+//! The contract every environment keeps, checked the same way for every one of them: every
+//! environment plugin the `rlany` binary lists (a test runs it on each, built in or a user's),
+//! a plugin crate's own tests ([`assert_conforms`]) and an environment in another process
+//! (`rlany env process -- CMD`, which adds the protocol's own checks). `rlany env NAME
+//! --check` runs it for a user.
 //!
 //! 1. `space`: the difficulty space has at least one dimension, with distinct non-empty
 //!    names, and the evaluation grid is non-empty, inside `[0, 1]` and increasing.
@@ -21,13 +22,30 @@
 //!    (wasted steps, not errors).
 //! 6. `splits`: the `ood` split gives other tasks than `train` for the same seeds, and
 //!    `eval` other tasks than `train`.
+//! 7. `oracle labels` (where labels are promised): the oracle is read on steps that are not
+//!    the expert's — a flawed expert's (noise 0.5 and 1) and a random policy's (actions drawn
+//!    from the experts' own, [`ORACLE_SEEDS`] tasks a grid level) — and must agree with the
+//!    expert and the verifier: every kind of action the expert takes (its leading word: `take`,
+//!    `click`, `L`) is labelled right on some of those steps once it was taken at least
+//!    [`MIN_KIND_STEPS`] times (an oracle that labels every step of one kind wrong fails
+//!    here, naming a step that shows it), and a flawed expert's episode that ends with every
+//!    step labelled right is solved.
 //!
 //! Each check names what it saw; the first failure of a check is its detail.
 
-use rlany_framework::{Environment, Episode, Split, StepResult};
+use crate::{Environment, Episode, Split, StepResult};
 
 /// Seeds each check samples.
 pub const SEEDS: [u64; 3] = [1, 2, 3];
+
+/// Tasks per eval-grid level that check 7 plays with each policy (seeds 1, 2, …).
+pub const ORACLE_SEEDS: u64 = 8;
+
+/// Steps of one action kind check 7 needs before it asks for one labelled right.
+pub const MIN_KIND_STEPS: usize = 10;
+
+/// The longest episode check 7's random policy plays (an environment may never end one).
+const RANDOM_MAX_STEPS: usize = 200;
 
 /// One check's result.
 #[derive(Debug, Clone, PartialEq)]
@@ -106,6 +124,7 @@ struct Played {
     prompt: String,
     key: String,
     steps: Vec<StepResult>,
+    done: bool,
     outcome: bool,
 }
 
@@ -129,11 +148,12 @@ fn play<S: Subject>(
         prompt: ep.prompt(),
         key: ep.task_key(),
         steps,
+        done: ep.done(),
         outcome: ep.outcome(),
     })
 }
 
-/// Runs checks 1–6 on `s`.
+/// Runs checks 1–7 on `s` (7 only where labels are promised).
 pub fn run<S: Subject>(s: &S) -> Vec<Check> {
     let dims = s.env().difficulty_space();
     let levels = s.env().eval_levels();
@@ -272,6 +292,12 @@ pub fn run<S: Subject>(s: &S) -> Vec<Check> {
             Ok("an empty, a 500-character and a non-ASCII action were answered".into())
         })(),
     ));
+    if S::LABELS {
+        out.push(Check::new(
+            "oracle labels",
+            oracle_labels(s, &levels, &grid),
+        ));
+    }
     out.push(Check::new(
         "splits",
         (|| {
@@ -300,8 +326,150 @@ pub fn run<S: Subject>(s: &S) -> Vec<Check> {
     out
 }
 
+/// What kind of action `a` is: its leading word (ASCII letters and `_`), or `None` when it
+/// starts otherwise (`7+5=12`).
+pub fn action_kind(a: &str) -> Option<&str> {
+    let a = a.trim_start();
+    let end = a
+        .find(|c: char| !(c.is_ascii_alphabetic() || c == '_'))
+        .unwrap_or(a.len());
+    (end > 0).then(|| &a[..end])
+}
+
+/// One step seen by check 7: where it was, what was done, what the oracle said.
+struct Seen {
+    at: String,
+    action: String,
+    label: bool,
+}
+
+/// Check 7 (see the module documentation).
+fn oracle_labels<S: Subject>(
+    s: &S,
+    levels: &[f64],
+    grid: &dyn Fn(f64) -> Vec<f64>,
+) -> Result<String, String> {
+    // The experts' actions over every level and task: what the random policy draws from,
+    // and the kinds the (noise-free) expert takes.
+    let mut vocabulary: Vec<String> = Vec::new();
+    let mut expert_kinds: Vec<String> = Vec::new();
+    for &level in levels {
+        for seed in 1..=ORACLE_SEEDS {
+            for noise in [0.0, 1.0] {
+                let (_, actions) = s.demonstration(&grid(level), noise, seed)?;
+                for a in actions {
+                    if noise == 0.0
+                        && let Some(k) = action_kind(&a)
+                        && !expert_kinds.iter().any(|e| e == k)
+                    {
+                        expert_kinds.push(k.to_string());
+                    }
+                    if !vocabulary.contains(&a) {
+                        vocabulary.push(a);
+                    }
+                }
+            }
+        }
+    }
+    if vocabulary.is_empty() {
+        return Err("the expert takes no action on any task".into());
+    }
+    let mut rng = crate::Rng::new(7);
+    let mut seen: Vec<Seen> = Vec::new();
+    let mut episodes = 0;
+    for &level in levels {
+        for seed in 1..=ORACLE_SEEDS {
+            // The flawed experts: an episode they end with every step labelled right is solved.
+            for noise in [0.5, 1.0] {
+                let (_, actions) = s.demonstration(&grid(level), noise, seed)?;
+                let p = play(s, &grid(level), Split::Train, seed, &actions)?;
+                episodes += 1;
+                let all_right = p.steps.iter().all(|r| r.label);
+                if all_right && p.done && !p.outcome {
+                    return Err(format!(
+                        "level {level}, seed {seed}, the flawed expert (noise {noise}): every \
+                         step is labelled right, yet the episode ended unsolved; actions \
+                         {actions:?}"
+                    ));
+                }
+                for (i, (a, r)) in actions.iter().zip(&p.steps).enumerate() {
+                    seen.push(Seen {
+                        at: format!(
+                            "level {level}, seed {seed}, flawed expert {noise}, step {}",
+                            i + 1
+                        ),
+                        action: a.clone(),
+                        label: r.label,
+                    });
+                }
+            }
+            // The random policy.
+            let mut ep = s.sample(&grid(level), Split::Train, seed)?;
+            episodes += 1;
+            for i in 0..RANDOM_MAX_STEPS {
+                if ep.done() {
+                    break;
+                }
+                let a = vocabulary[rng.below(vocabulary.len())].clone();
+                let r = s.step(&mut ep, &a)?;
+                seen.push(Seen {
+                    at: format!("level {level}, seed {seed}, random policy, step {}", i + 1),
+                    action: a,
+                    label: r.label,
+                });
+            }
+        }
+    }
+    for kind in &expert_kinds {
+        let of_kind: Vec<&Seen> = seen
+            .iter()
+            .filter(|x| action_kind(&x.action) == Some(kind.as_str()))
+            .collect();
+        if of_kind.len() >= MIN_KIND_STEPS && of_kind.iter().all(|x| !x.label) {
+            let x = of_kind[0];
+            return Err(format!(
+                "`{kind}`: none of {} steps of this kind by a flawed expert or a random policy \
+                 is labelled right, though the expert takes it; e.g. {}: {:?} labelled wrong",
+                of_kind.len(),
+                x.at,
+                x.action
+            ));
+        }
+    }
+    let right = seen.iter().filter(|x| x.label).count();
+    Ok(format!(
+        "{} steps of {episodes} flawed-expert and random episodes, {right} labelled right; \
+         every kind the expert takes ({}) is labelled right somewhere",
+        seen.len(),
+        expert_kinds.join(", ")
+    ))
+}
+
+/// The checks on `env` (compiled in), or a panic naming every check that failed with what
+/// it saw: what a plugin crate's tests call.
+///
+/// ```ignore
+/// #[test]
+/// fn countdown_keeps_the_contract() {
+///     rlany_contract::conformance::assert_conforms(CountdownSpec::default().build().as_ref());
+/// }
+/// ```
+pub fn assert_conforms(env: &dyn Environment) {
+    let failed: Vec<String> = run(&Compiled(env))
+        .into_iter()
+        .filter(|c| !c.ok)
+        .map(|c| format!("{}: {}", c.name, c.detail))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "the environment fails {} of the contract's checks:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}
+
 /// Check 1: the space and the grid.
-fn space(dims: &[rlany_framework::Dim], levels: &[f64]) -> Result<String, String> {
+fn space(dims: &[crate::Dim], levels: &[f64]) -> Result<String, String> {
     if dims.is_empty() {
         return Err("the difficulty space has no dimension".into());
     }
@@ -337,7 +505,7 @@ fn answer_ok(r: &StepResult, n_dims: usize, strict: bool) -> Result<(), String> 
             "names dimension {d}; the space has {n_dims} ({r:?})"
         ));
     }
-    if !rlany_framework::env::valid_kind(&r.kind) {
+    if !crate::env::valid_kind(&r.kind) {
         return Err(format!("kind {:?} is not a step kind", r.kind));
     }
     if strict && r.label && !r.blame.is_empty() {
@@ -349,18 +517,112 @@ fn answer_ok(r: &StepResult, n_dims: usize, strict: bool) -> Result<(), String> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugins_for_tests;
+    use crate::{Dim, Rng};
 
-    /// Every compiled-in environment keeps the contract, at its default settings.
-    #[test]
-    fn every_compiled_in_environment_passes_the_checks() {
-        for (name, env) in plugins_for_tests() {
-            let checks = run(&Compiled(env.as_ref()));
-            assert_eq!(checks.len(), 6, "{name}");
-            for c in &checks {
-                assert!(c.ok, "{name}: {} failed: {}", c.name, c.detail);
+    /// `k` doors, one sign each, answered `L` below 5 and `R` otherwise; solved when every
+    /// answer is right. `wrong_r` is a planted oracle bug: every `R` labelled wrong.
+    struct Doors {
+        wrong_r: bool,
+    }
+    struct DoorsEpisode {
+        signs: Vec<u8>,
+        answers: Vec<bool>,
+        wrong_r: bool,
+    }
+    impl Episode for DoorsEpisode {
+        fn prompt(&self) -> String {
+            format!("{}\n", self.signs[0])
+        }
+        fn step(&mut self, action: &str) -> StepResult {
+            let Some(&sign) = self.signs.get(self.answers.len()) else {
+                return StepResult::ended();
+            };
+            let right = action == if sign < 5 { "L" } else { "R" };
+            self.answers.push(right);
+            let next = self.signs.get(self.answers.len()).map(|s| format!("{s}\n"));
+            let label = right && !(self.wrong_r && action == "R");
+            StepResult::taken(
+                next.clone().unwrap_or_default(),
+                next.is_none(),
+                label,
+                vec![0],
+                vec![0],
+            )
+        }
+        fn done(&self) -> bool {
+            self.answers.len() == self.signs.len()
+        }
+        fn outcome(&self) -> bool {
+            self.done() && self.answers.iter().all(|&a| a)
+        }
+    }
+    impl Doors {
+        fn episode(&self, split: Split, seed: u64) -> DoorsEpisode {
+            let mut rng = Rng::derive(seed, &format!("{split:?}"));
+            DoorsEpisode {
+                signs: (0..6).map(|_| rng.below(10) as u8).collect(),
+                answers: Vec::new(),
+                wrong_r: self.wrong_r,
             }
         }
+    }
+    impl Environment for Doors {
+        fn difficulty_space(&self) -> Vec<Dim> {
+            vec![Dim::new("doors", 6.0, 6.0)]
+        }
+        fn sample(&self, _d: &[f64], split: Split, seed: u64) -> Box<dyn Episode> {
+            Box::new(self.episode(split, seed))
+        }
+        fn demonstration(&self, _d: &[f64], noise: f64, seed: u64) -> (String, Vec<String>) {
+            let ep = self.episode(Split::Train, seed);
+            let mut slips = Rng::derive(seed, "slips");
+            let actions = ep
+                .signs
+                .iter()
+                .map(|&s| {
+                    let right = s < 5;
+                    let slip = slips.uniform() < noise;
+                    if right != slip { "L" } else { "R" }.to_string()
+                })
+                .collect();
+            (ep.prompt(), actions)
+        }
+    }
+
+    #[test]
+    fn a_sound_environment_passes_and_a_planted_oracle_bug_is_named() {
+        let checks = run(&Compiled(&Doors { wrong_r: false }));
+        assert_eq!(checks.len(), 7);
+        for c in &checks {
+            assert!(c.ok, "{}: {}", c.name, c.detail);
+        }
+        assert_conforms(&Doors { wrong_r: false });
+        // Every `R` labelled wrong: the oracle check names the kind and a step.
+        let checks = run(&Compiled(&Doors { wrong_r: true }));
+        let oracle = checks
+            .iter()
+            .find(|c| c.name == "oracle labels")
+            .expect("the oracle check");
+        assert!(!oracle.ok);
+        assert!(
+            oracle.detail.starts_with("`R`: none of"),
+            "{}",
+            oracle.detail
+        );
+        assert!(oracle.detail.contains("step "), "{}", oracle.detail);
+        let panic = std::panic::catch_unwind(|| assert_conforms(&Doors { wrong_r: true }))
+            .expect_err("refused");
+        let text = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(text.contains("oracle labels: `R`"), "{text}");
+    }
+
+    #[test]
+    fn an_action_s_kind_is_its_leading_word() {
+        assert_eq!(action_kind("take egg"), Some("take"));
+        assert_eq!(action_kind("click(4)"), Some("click"));
+        assert_eq!(action_kind(" L"), Some("L"));
+        assert_eq!(action_kind("7+5=12"), None);
+        assert_eq!(action_kind(""), None);
     }
 
     /// An environment that breaks the contract fails the check that says so.
