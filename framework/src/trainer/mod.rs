@@ -315,18 +315,25 @@ fn json<T: Serialize>(v: &T) -> serde_json::Value {
 }
 
 impl Settings {
-    /// The settings of `exp` run on `env`: an environment whose code lives outside the
-    /// experiment file names its version, so a changed environment misses the warm-start
-    /// cache (other environments' keys unchanged).
+    /// The settings of `exp` run on `env`. The warm-start cache keys hold what identifies
+    /// the environment's code, which the experiment file does not: the identity an
+    /// environment names (one in another process: its name and version), or else the
+    /// fingerprint of its behaviour (`env::fingerprint`: a few demonstrations played at the
+    /// starting difficulty), so a warm start made by other environment code is not reused.
     fn for_env<E: EnvironmentChoice, A: AdaptationChoice>(
         exp: &Experiment<E, A>,
         env: &dyn Environment,
     ) -> Self {
         let mut settings = Settings::of(exp);
-        if let Some(id) = env.identity() {
-            settings.warm_policy_inputs["environment_identity"] = id.clone().into();
-            settings.warm_judge_inputs["policy"]["environment_identity"] = id.into();
-        }
+        let (field, id) = match env.identity() {
+            Some(id) => ("environment_identity", id),
+            None => (
+                "environment_fingerprint",
+                crate::env::fingerprint(env, &exp.environment.plugin().start_difficulty()),
+            ),
+        };
+        settings.warm_policy_inputs[field] = id.clone().into();
+        settings.warm_judge_inputs["policy"][field] = id.into();
         settings
     }
 
@@ -417,6 +424,10 @@ struct Compute {
     judge_steps: u64,
     /// Steps judged (each with m verdicts).
     judged_steps: u64,
+    /// Training steps in which no policy step carried an advantage (no policy gradient:
+    /// every group all solved or all failed, or none in the policy band).
+    #[serde(default)]
+    silent_steps: u64,
 }
 
 impl TrainerState {
@@ -719,6 +730,7 @@ where
         c.policy_steps += batch.policy_stats.as_ref().map_or(0, |s| s.updates as u64);
         c.judge_steps += batch.judge_stats.as_ref().map_or(0, |s| s.updates as u64);
         c.judged_steps += batch.judged.len() as u64;
+        c.silent_steps += u64::from(batch.signal.units == 0);
         self.set_compute(&mut m);
         self.dir.append(
             "adaptation.jsonl",
@@ -792,6 +804,7 @@ where
         m.set("compute/policy_steps", c.policy_steps as f64);
         m.set("compute/judge_steps", c.judge_steps as f64);
         m.set("compute/judged_steps", c.judged_steps as f64);
+        m.set("compute/silent_steps", c.silent_steps as f64);
     }
 
     /// A spread run's exchanges so far (`perf/exchange_*`: exchanges, MB this peer
@@ -880,6 +893,23 @@ pub fn env_failure_words(d: &crate::env::EnvHealth) -> String {
     )
 }
 
+/// A training step's line names a step that taught the policy nothing (`policy/units` 0):
+/// why, and how many steps of the run so far did the same (`compute/silent_steps`).
+fn silence_words(m: &Metrics) -> Option<String> {
+    if m.get("policy/units")? > 0.0 {
+        return None;
+    }
+    let why = match m.get("policy/mixed_groups") {
+        Some(n) if n > 0.0 => "no group in the policy band",
+        _ => "every group all solved or all failed",
+    };
+    let so_far = m.get("compute/silent_steps").unwrap_or(1.0);
+    let step = m.get("step").unwrap_or(so_far);
+    Some(format!(
+        "no policy gradient ({why}): {so_far} of {step} steps so far"
+    ))
+}
+
 fn plain_line(m: &Metrics, steps: usize) -> String {
     let g = |k: &str| m.get(k).map_or("-".to_string(), |v| format!("{v:.3}"));
     let mut line = format!(
@@ -892,6 +922,9 @@ fn plain_line(m: &Metrics, steps: usize) -> String {
     );
     if m.get("judge/verdict_pos_rate").is_some() {
         line += &format!(" | judge +rate {}", g("judge/verdict_pos_rate"));
+    }
+    if let Some(words) = silence_words(m) {
+        line += &format!(" | {words}");
     }
     if m.get("env/proposals").is_some_and(|p| p > 0.0) {
         line += &format!(" | env {}/{} acc.", g("env/accepted"), g("env/proposals"));

@@ -132,3 +132,22 @@ fn warm_start_then_step_credit_fixes_the_borderline_doors() {
     assert_eq!(run(&root.join("b")), lines);
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// The warm-start cache keys hold the environment's behaviour: the same file run on changed
+/// environment code (here a corridor that became shorter while its settings did not) misses
+/// the cache; the same code hits it.
+#[test]
+fn a_warm_start_made_by_other_environment_code_is_not_reused() {
+    let exp =
+        Experiment::<TestEnvironment, TestAdaptation>::parse(EXPERIMENT, "doors.ron".as_ref())
+            .expect("experiment");
+    let now = Settings::for_env(&exp, &Doors { k: 6 });
+    let again = Settings::for_env(&exp, &Doors { k: 6 });
+    let changed = Settings::for_env(&exp, &Doors { k: 5 });
+    assert_eq!(now.warm_policy_inputs, again.warm_policy_inputs);
+    assert_eq!(now.warm_judge_inputs, again.warm_judge_inputs);
+    assert_ne!(now.warm_policy_inputs, changed.warm_policy_inputs);
+    assert_ne!(now.warm_judge_inputs, changed.warm_judge_inputs);
+    let key = |s: &Settings| crate::warmcache::key(&s.warm_policy_inputs);
+    assert_ne!(key(&now), key(&changed));
+}
