@@ -5,7 +5,7 @@
 //! (`rlany_envs::process::conformance`); a failed check is an error. `--check` runs the
 //! environment contract's checks on any environment (`rlany_envs::conformance`) and stops.
 
-use crate::plugins::{ENVIRONMENTS, EnvironmentSpec};
+use crate::plugins::{EnvironmentSpec, environment_names};
 use crate::{Experiment, UsageError};
 use anyhow::Result;
 use rlany_framework::Split;
@@ -79,19 +79,18 @@ fn settings(name: &str) -> Result<EnvironmentSpec> {
     if name.ends_with(".ron") {
         return Ok(Experiment::load(Path::new(name))?.environment);
     }
-    let known = ENVIRONMENTS
+    let names = environment_names();
+    let known = names
         .iter()
         .find(|e| e.eq_ignore_ascii_case(name))
         .ok_or_else(|| {
-            let names: Vec<String> = ENVIRONMENTS.iter().map(|e| e.to_lowercase()).collect();
+            let names: Vec<String> = names.iter().map(|e| e.to_lowercase()).collect();
             UsageError(format!(
                 "unknown environment `{name}`: expected one of {} or an experiment file (.ron)",
                 names.join(", ")
             ))
         })?;
-    ron::Options::default()
-        .with_default_extension(ron::extensions::Extensions::UNWRAP_VARIANT_NEWTYPES)
-        .from_str(&format!("{known}()"))
+    EnvironmentSpec::default_of(known)
         .map_err(|e| UsageError(format!("default settings of `{known}`: {e}")).into())
 }
 

@@ -23,7 +23,7 @@ pub mod suite;
 use anyhow::{Context, Result};
 use burn::backend::Autodiff;
 use clap::{Parser, Subcommand};
-pub use plugins::{AdaptationSpec, EnvironmentSpec, Experiment};
+pub use plugins::{AdaptationSpec, EnvironmentSpec, Experiment, Plugins};
 use rlany_framework::adapt::{self, Proposer};
 use rlany_framework::experiment::{ModelSource, ModelSpec, WeightDType};
 use rlany_framework::plugin::{AdaptationChoice, EnvironmentChoice, ProposerContext};
@@ -194,6 +194,23 @@ enum Command {
         #[arg(long)]
         probe: bool,
     },
+}
+
+/// The `rlany` command with `plugins` added to the built-in ones: what a user's own binary
+/// calls (docs/extend.md). Every command of `rlany` then knows the user's environments and
+/// proposers by the names they were registered under.
+///
+/// ```ignore
+/// fn main() -> std::process::ExitCode {
+///     rlany::main_with(rlany::Plugins::builtin().environment::<CountdownSpec>("Countdown"))
+/// }
+/// ```
+pub fn main_with(plugins: Plugins) -> std::process::ExitCode {
+    if let Err(e) = plugins.install() {
+        eprintln!("error: {e}");
+        return std::process::ExitCode::from(2);
+    }
+    std::process::ExitCode::from(cli_main(std::env::args_os()))
 }
 
 /// Runs the command line `args` (program name first) and returns the process exit code:

@@ -956,3 +956,49 @@ fn report_rewrites_a_judge_fit_study() {
     assert_eq!(refused.status.code(), Some(2));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A step that teaches the policy nothing says so on the console: with one step allowed
+/// per episode no chain can be finished, so every group fails in all its rollouts, no
+/// step carries an advantage (outcome reward only), and each step's line names it with the
+/// count so far.
+#[test]
+fn a_step_without_learning_signal_is_named_on_the_console() {
+    let _cpu = shared_cpu();
+    let dir = scratch("silent");
+    let file = dir.join("silent.ron");
+    let text = r#"
+Experiment(
+    name: "silent",
+    seeds: [3],
+    environment: Arith(max_operands: 3, difficulty: [0.0, 0.0, 0.0]),
+    policy: (
+        model: Scratch(d_model: 32, layers: 1, heads: 2, kv_heads: 1, ffn: 64, max_seq_len: 48),
+        warm_start: (steps: 20, batch: 32, lr: 1e-2, noise: 0.6),
+        sampling: (max_step_tokens: 8),
+    ),
+    judge: None,
+    budget: (steps: 2, tasks_per_step: 2, group_size: 4, max_env_steps: 1,
+             eval_every: 2, eval_tasks: 8, checkpoint_every: 2),
+)
+"#;
+    std::fs::write(&file, text).expect("write experiment");
+    let (code, err, _) = rlany(
+        &["run", &file.to_string_lossy(), "--no-warm-cache"],
+        &[],
+        &dir.join("runs"),
+    );
+    assert_eq!(code, 0, "{err}");
+    for (step, so_far) in [(1, 1), (2, 2)] {
+        let line = err
+            .lines()
+            .find(|l| l.contains(&format!("step    {step}/2")))
+            .unwrap_or_else(|| panic!("no line for step {step}:\n{err}"));
+        assert!(
+            line.contains(&format!(
+                "no policy gradient (every group all solved or all failed): {so_far} of {step} steps so far"
+            )),
+            "{line}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

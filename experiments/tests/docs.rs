@@ -258,9 +258,9 @@ fn the_examples_of_the_doc_parse_and_its_overrides_apply() {
 // this file and the doc and compares them, so edit both together.
 
 // BEGIN docs/extend.md skeleton
-use rlany_framework::check::{self, Checked};
-use rlany_framework::plugin::EnvironmentPlugin;
-use rlany_framework::{Difficulty, Dim, Environment, Episode, Split, StepResult};
+use rlany_contract::check::{self, Checked};
+use rlany_contract::plugin::EnvironmentPlugin;
+use rlany_contract::{Difficulty, Dim, Environment, Episode, Split, StepResult};
 use serde::{Deserialize, Serialize};
 
 /// `environment: Echo(difficulty: [0.5])`: repeat a number of 1 to 6 digits (OOD: 7).
@@ -369,7 +369,7 @@ fn the_extend_skeleton_passes_the_conformance_checks() {
     );
     let env = spec.build();
     let checks = rlany_envs::conformance::run(&rlany_envs::conformance::Compiled(env.as_ref()));
-    assert_eq!(checks.len(), 6, "{checks:?}");
+    assert_eq!(checks.len(), 7, "{checks:?}");
     let failed: Vec<_> = checks.iter().filter(|c| !c.ok).collect();
     assert!(failed.is_empty(), "failed conformance checks: {failed:?}");
 
