@@ -530,7 +530,11 @@ pub fn situation_metrics(m: &mut Metrics, batch: &StepBatch, situations: &[Situa
         })
         .collect();
     for s in situations {
-        for (suffix, keep) in [("", None), ("_solved", Some(true)), ("_failed", Some(false))] {
+        for (suffix, keep) in [
+            ("", None),
+            ("_solved", Some(true)),
+            ("_failed", Some(false)),
+        ] {
             let of_outcome = |outcome: bool| keep.is_none_or(|k| k == outcome);
             let after: Vec<bool> = seen
                 .iter()

@@ -95,7 +95,10 @@ impl<B: AttentionOps> Contexts<B> {
     /// The cache slot of row `id`.
     #[cfg(test)]
     fn slot(&self, id: usize) -> usize {
-        self.ids.iter().position(|&i| i == id).expect("a cached row")
+        self.ids
+            .iter()
+            .position(|&i| i == id)
+            .expect("a cached row")
     }
 
     /// Keeps the cached rows at `slots` (indices into the current cache order), in that
@@ -124,10 +127,7 @@ impl<B: AttentionOps> Contexts<B> {
         }
         self.next_pos = slots.iter().map(|&s| self.next_pos[s]).collect();
         self.pending = slots.iter().map(|&s| self.pending[s]).collect();
-        self.last_hidden = slots
-            .iter()
-            .map(|&s| self.last_hidden[s].take())
-            .collect();
+        self.last_hidden = slots.iter().map(|&s| self.last_hidden[s].take()).collect();
         self.ids = kept_ids;
     }
 
@@ -1034,7 +1034,10 @@ mod tests {
                             .generate(std::slice::from_ref(&whole[r]), &p, &mut Rng::new(0))
                             .remove(0)
                     };
-                    assert!(!g.tokens.is_empty(), "turn {turn} row {r}: nothing generated");
+                    assert!(
+                        !g.tokens.is_empty(),
+                        "turn {turn} row {r}: nothing generated"
+                    );
                     assert_eq!(alone.tokens, g.tokens, "turn {turn} row {r}");
                     assert_eq!(alone.stopped, g.stopped);
                     assert!(max_abs_diff(&alone.logprobs, &g.logprobs) <= 1e-4);
@@ -1086,7 +1089,12 @@ mod tests {
         let p = params(1.0, 1.0, 4, vec![4, 2]);
         for seed in 0..4 {
             let episodes: Vec<(usize, Box<dyn rlany_framework::Episode>)> = (0..16)
-                .map(|i| (i, Box::new(Countdown(6)) as Box<dyn rlany_framework::Episode>))
+                .map(|i| {
+                    (
+                        i,
+                        Box::new(Countdown(6)) as Box<dyn rlany_framework::Episode>,
+                    )
+                })
                 .collect();
             let trajs = rlany_framework::rollout::rollout(
                 &model,

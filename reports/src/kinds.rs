@@ -565,7 +565,9 @@ mod tests {
             ),
             &[],
         );
-        let table = md.find("By the episode's outcome").expect("by-outcome table");
+        let table = md
+            .find("By the episode's outcome")
+            .expect("by-outcome table");
         // Solved 0, 0 → 0.000 ± 0.000; failed 0.6, 0.8 → 0.700 ± 12.706·0.1414/√2 = 1.271;
         // approved on failed 0.5, 0.2 → 0.350 ± 12.706·0.2121/√2 = 1.906; never judged on a
         // solved episode's step: –.

@@ -682,17 +682,38 @@ fn shipped_experiment_files_are_valid() {
     }
     let recorded = fs::read_to_string(&record).expect("tests/fixtures/resolved-experiments.txt");
     let recorded: Vec<&str> = recorded.lines().collect();
+    const BLESS: &str = "RLANY_BLESS=1 cargo test -p rlany-tests --test e2e \
+                         shipped_experiment_files_are_valid";
     for line in &now {
+        let name = line.split(' ').next().unwrap_or(line);
+        let known = recorded.iter().any(|r| r.split(' ').next() == Some(name));
         assert!(
             recorded.contains(&line.as_str()),
-            "{line}: not the recorded experiment (a changed experiment is recorded with \
-             RLANY_BLESS=1)"
+            "{}",
+            if known {
+                format!(
+                    "{name}: its resolved experiment changed since it was recorded in \
+                     tests/fixtures/resolved-experiments.txt. If the change is deliberate, \
+                     record it: {BLESS}"
+                )
+            } else {
+                format!(
+                    "{name}: a new experiment file, not yet recorded in \
+                     tests/fixtures/resolved-experiments.txt (every shipped file is, so that \
+                     a later edit cannot change it unnoticed). Record it: {BLESS}"
+                )
+            }
         );
     }
-    assert_eq!(
-        recorded.len(),
-        now.len(),
-        "files added or removed: record them"
+    let gone: Vec<&str> = recorded
+        .iter()
+        .filter_map(|r| r.split(' ').next())
+        .filter(|r| !now.iter().any(|l| l.split(' ').next() == Some(*r)))
+        .collect();
+    assert!(
+        gone.is_empty(),
+        "recorded in tests/fixtures/resolved-experiments.txt but no longer shipped: {gone:?}. \
+         Record the removal: {BLESS}"
     );
 }
 
