@@ -6,8 +6,8 @@
 #   bash reports/results/reanalyse.sh [SUITE ...]      # default: all of them
 #
 # SUITE is one of: corridor-table1 corridor-table1-steps corridor-table1-quality
-# corridor-table1-quality-stage2 corridor-table1-quality-stage3 corridor-table1-quality-stage4 consistency-repair regime-map
-# regime-desktop regime-desktop-sparse. Each archive
+# corridor-table1-quality-stage2 corridor-table1-quality-stage3 corridor-table1-quality-stage4 consistency-repair
+# consistency-outcome regime-map regime-desktop regime-desktop-sparse. Each archive (.tar.gz or .tar.xz)
 # is unpacked into a temporary folder (`runs/<suite>/…`, as `rlany ablate` wrote it) and the
 # report is written where RESULT.md links it. The names are the experiment suites'
 # (experiments/ablation/<suite>); the corridor Table 1's stages live under
@@ -24,11 +24,11 @@ trap 'rm -rf "$WORK"' EXIT
 mkdir -p "$WORK/runs"
 
 unpack() { # archive...
-  for a in "$@"; do tar xzf "$a" -C "$WORK/runs"; done
+  for a in "$@"; do tar xf "$a" -C "$WORK/runs"; done
 }
 # The suite's own folder for archives that hold `<experiment>/seed-n` at their top.
 unpack_into() { # suite archive
-  mkdir -p "$WORK/runs/$1" && tar xzf "$2" -C "$WORK/runs/$1"
+  mkdir -p "$WORK/runs/$1" && tar xf "$2" -C "$WORK/runs/$1"
 }
 report() { # out, then rlany report's arguments
   local out=$1; shift
@@ -103,6 +103,13 @@ run_suite() {
     unpack "$R/consistency-repair/runs/consistency-repair.tar.gz"
     report "$R/consistency-repair" runs/consistency-repair
     ;;
+  consistency-outcome)
+    unpack "$R/consistency-outcome/runs/consistency-outcome.tar.xz"
+    report "$R/consistency-outcome" runs/consistency-outcome
+    # The plan's measures paired by seed, the interaction included (printed; RESULT.md
+    # quotes it).
+    python3 "$R/consistency-outcome/paired.py" "$WORK/runs/consistency-outcome"
+    ;;
   regime-map)
     for s in corridor-k10 corridor-k20 corridor-k30 household-d015 household-d035 \
       household-d035-slack12 household-d060 household-d060-belief; do
@@ -144,6 +151,6 @@ run_suite() {
 
 SUITES=("$@")
 [ ${#SUITES[@]} -gt 0 ] || SUITES=(corridor-table1 corridor-table1-steps corridor-table1-quality \
-  corridor-table1-quality-stage2 corridor-table1-quality-stage3 corridor-table1-quality-stage4 consistency-repair regime-map \
-  regime-desktop regime-desktop-sparse)
+  corridor-table1-quality-stage2 corridor-table1-quality-stage3 corridor-table1-quality-stage4 consistency-repair consistency-outcome \
+  regime-map regime-desktop regime-desktop-sparse)
 for s in "${SUITES[@]}"; do run_suite "$s"; done

@@ -46,7 +46,7 @@
 //! (depth), and which items are noise, it must read from the views. An earlier version
 //! numbered elements in creation order, so the ids of real elements shifted with the
 //! distractors; a small character-level policy then could not bind a setting's name to the
-//! id in front of it (reports/results/desktop-pilot/PILOT.md).
+//! id in front of it (reports/results/archive/desktop-pilot/PILOT.md).
 //!
 //! # Settings and where they are
 //!
