@@ -50,9 +50,10 @@ pub struct ExportArgs {
     /// GGUF file, adapters merged.
     #[arg(long, value_enum)]
     format: Format,
-    /// The GGUF export's matrix type (norms are always F32).
-    #[arg(long, value_enum, default_value = "f16")]
-    quant: Quant,
+    /// The GGUF export's matrix type (norms are always F32); f16 when not given. Only for
+    /// --format gguf (hf and peft write the weights as the run holds them).
+    #[arg(long, value_enum)]
+    quant: Option<Quant>,
     /// Export this checkpoint (e.g. step-000010) instead of the latest.
     #[arg(long)]
     checkpoint: Option<String>,
@@ -71,6 +72,14 @@ const TOKENIZER_FILES: [&str; 3] = [
 
 /// Writes the export and says what was written.
 pub fn run(args: &ExportArgs) -> Result<()> {
+    if args.quant.is_some() && args.format != Format::Gguf {
+        return Err(UsageError(format!(
+            "--quant is for --format gguf; --format {} writes the weights as the run holds them \
+             (drop --quant)",
+            if args.format == Format::Hf { "hf" } else { "peft" }
+        ))
+        .into());
+    }
     struct Job<'a>(&'a ExportArgs);
     impl OnBackend for Job<'_> {
         type Output = Vec<String>;
@@ -141,7 +150,7 @@ fn export<B: rlany_kernels::LogProbOps>(
                 std::fs::create_dir_all(parent)
                     .with_context(|| format!("creating {}", parent.display()))?;
             }
-            let quant = match args.quant {
+            let quant = match args.quant.unwrap_or(Quant::F16) {
                 Quant::F16 => GgufType::F16,
                 Quant::Q8_0 => GgufType::Q8_0,
             };
@@ -165,7 +174,16 @@ fn export<B: rlany_kernels::LogProbOps>(
             ));
         }
         Format::Hf => {
-            save_hf_dir(&p.model, &args.out)?;
+            // config.json says the source model's own context (SmolLM2's 8192), not the
+            // run's allocation (`max_seq_len`, e.g. 384): the weights are the same, and a
+            // GGUF converted from the export inherits it.
+            let src = Path::new(&source.path);
+            let own = if src.is_dir() {
+                rlany_models::read_hf_config(src, None)?.0.max_seq_len
+            } else {
+                GgufFile::open(src)?.config(None)?.max_seq_len
+            };
+            save_hf_dir(&p.model.clone().with_max_seq_len(own), &args.out)?;
             let tok = &p.tokenizer;
             let generation = serde_json::json!({
                 "bos_token_id": tok.bos(),

@@ -162,7 +162,8 @@ enum Command {
         args: evalcmd::EvalArgs,
     },
     /// Write a run's trained policy in a format other tools load: `hf` (a Hugging Face
-    /// directory, LoRA adapters merged) or `peft` (the adapters alone, PEFT's names).
+    /// directory, LoRA adapters merged), `peft` (the adapters alone, PEFT's names) or `gguf`
+    /// (one file for llama.cpp, adapters merged, `--quant f16|q8_0`).
     Export {
         #[command(flatten)]
         args: exportcmd::ExportArgs,
@@ -739,12 +740,17 @@ pub(crate) fn run_model<B: rlany_kernels::LogProbOps>(
         ))
         .into());
     }
-    let exp = Experiment::load(&resolved)?;
+    let mut exp = Experiment::load(&resolved)?;
     let seed = seed_of_run_dir(run)?;
+    from_run_dir(&mut exp.policy.model, run);
     let (name, source) = match role {
         Role::Policy => ("policy", exp.policy.model.clone()),
         Role::Judge => match exp.judge.model() {
-            Some(j) => ("judge", j.model.clone()),
+            Some(j) => ("judge", {
+                let mut m = j.model.clone();
+                from_run_dir(&mut m, run);
+                m
+            }),
             None => {
                 return Err(UsageError(format!(
                     "{}: the run has no judge with a model of its own (its judge is {})",
@@ -787,6 +793,26 @@ pub(crate) fn run_model<B: rlany_kernels::LogProbOps>(
         source,
         checkpoint,
     })
+}
+
+/// A run directory names its pretrained source as the experiment file did: relative to the
+/// folder the run was started in. Read from elsewhere (`rlany eval`, `export`, `generate
+/// --run` in another folder), a relative path that does not exist from here is looked up from
+/// the run directory's enclosing folders, the first that holds it.
+fn from_run_dir(source: &mut ModelSource, run: &Path) {
+    let ModelSource::Pretrained(p) = source else {
+        return;
+    };
+    let path = Path::new(&p.path);
+    if path.is_absolute() || path.exists() {
+        return;
+    }
+    let Ok(run) = run.canonicalize() else {
+        return;
+    };
+    if let Some(found) = run.ancestors().skip(1).map(|a| a.join(path)).find(|c| c.exists()) {
+        p.path = found.to_string_lossy().into_owned();
+    }
 }
 
 /// [`build_model`], with the pretrained file's chat template (when this build renders it).
@@ -1112,6 +1138,34 @@ mod tests {
     fn utc_formatting() {
         assert_eq!(utc(0), "1970-01-01T00:00:00Z");
         assert_eq!(utc(1_700_000_000), "2023-11-14T22:13:20Z");
+    }
+
+    /// A run's relative model path is found from the folder the run was started in, whatever
+    /// the current folder: the run directory's enclosing folders are searched.
+    #[test]
+    fn a_run_s_relative_model_path_is_found_from_its_own_folders() {
+        let root = std::env::temp_dir().join(format!("rlany-from-run-{}", std::process::id()));
+        let rel = "pretrained-here/rlany-test-model.gguf";
+        std::fs::create_dir_all(root.join("pretrained-here")).expect("dir");
+        std::fs::write(root.join(rel), b"x").expect("file");
+        let run = root.join("runs/exp/seed-1");
+        std::fs::create_dir_all(&run).expect("run dir");
+        let spec = |path: &str| {
+            ModelSource::Pretrained(
+                ron::from_str(&format!("(path: {path:?})")).expect("a pretrained spec"),
+            )
+        };
+        let mut source = spec(rel);
+        from_run_dir(&mut source, &run);
+        let ModelSource::Pretrained(p) = &source else {
+            panic!("{source:?}")
+        };
+        assert!(Path::new(&p.path).is_absolute() && Path::new(&p.path).exists(), "{p:?}");
+        // A path found nowhere is left as it was (its own error names it).
+        let mut missing = spec("pretrained-here/none.gguf");
+        from_run_dir(&mut missing, &run);
+        assert_eq!(missing, spec("pretrained-here/none.gguf"));
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[test]

@@ -1002,3 +1002,27 @@ Experiment(
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--quant` is the GGUF export's: with `--format hf` or `peft` it is refused before anything
+/// is read, not ignored; `rlany --help` names the three formats.
+#[test]
+fn export_refuses_quant_outside_gguf_and_help_names_every_format() {
+    let dir = scratch("quant");
+    for format in ["hf", "peft"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_rlany"))
+            .args(["export", "no-such-run", "out", "--format", format, "--quant", "q8_0"])
+            .current_dir(&dir)
+            .output()
+            .expect("rlany runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("--quant is for --format gguf"), "{err}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_rlany"))
+        .arg("--help")
+        .output()
+        .expect("rlany runs");
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("`peft`") && help.contains("`gguf`"), "{help}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -52,14 +52,14 @@ pub enum CheckpointError {
     Missing(PathBuf),
     /// A file of the checkpoint does not match the checksum written with it.
     #[error(
-        "{file}: damaged ({reason}); the checkpoint cannot be used. Resume from an older one by naming it: --checkpoint <name> (this run has: {available})"
+        "{file}: damaged ({reason}); the checkpoint cannot be used. Name another with --checkpoint <name> (resume, eval, export and generate all take it; this run's other checkpoints: {available})"
     )]
     Damaged {
         /// The damaged (or missing) file.
         file: PathBuf,
         /// What is wrong.
         reason: String,
-        /// The checkpoints of the run, newest last.
+        /// The run's other checkpoints (the damaged one left out), newest last.
         available: String,
     },
 }
@@ -244,10 +244,20 @@ impl Reader {
     }
 
     fn verified(checkpoints: &Path, dir: PathBuf) -> Result<Self, CheckpointError> {
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+        let others = || {
+            let all = list(checkpoints);
+            let others: Vec<String> = all.into_iter().filter(|c| Some(c) != name.as_ref()).collect();
+            if others.is_empty() {
+                "none".to_string()
+            } else {
+                others.join(", ")
+            }
+        };
         let damaged = |file: PathBuf, reason: String| CheckpointError::Damaged {
             file,
             reason,
-            available: list(checkpoints).join(", "),
+            available: others(),
         };
         let sums_path = dir.join(CHECKSUMS);
         let sums: serde_json::Map<String, serde_json::Value> = fs::read(&sums_path)
@@ -481,6 +491,8 @@ mod tests {
             }) => {
                 assert_eq!(file, f);
                 assert!(available.contains("step-000001"), "{available}");
+                // The damaged checkpoint is not offered as a choice.
+                assert!(!available.contains("step-000002"), "{available}");
             }
             other => panic!("expected Damaged, got {other:?}"),
         }

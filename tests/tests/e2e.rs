@@ -2776,6 +2776,16 @@ fn a_lora_run_exports_to_hf_and_peft_and_both_load_back() {
     let (hf_s, peft_s) = (hf.to_string_lossy(), peft.to_string_lossy());
     assert_eq!(rlany(&["export", &run_s, &hf_s, "--format", "hf"]), 0);
     assert_eq!(rlany(&["export", &run_s, &peft_s, "--format", "peft"]), 0);
+    // config.json says the source model's own context, not the run's allocation.
+    let own = rlany_models::gguf::GgufFile::open(&gguf)
+        .and_then(|g| g.config(None))
+        .expect("the fixture's config")
+        .max_seq_len;
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(hf.join("config.json")).expect("config.json"),
+    )
+    .expect("JSON");
+    assert_eq!(config["max_position_embeddings"], own, "{config}");
     let device = Default::default();
     let merged = rlany_models::load_hf_dir::<NdArray>(&hf, None, &device).expect("hf export");
     let source = rlany_models::load_pretrained::<NdArray>(&gguf, Some(64), &device).expect("base");
