@@ -133,13 +133,15 @@ impl fmt::Debug for Registered {
     }
 }
 
+/// Reads one registered plugin's settings from any deserializer.
+type ReadSettings =
+    fn(&mut dyn erased_serde::Deserializer<'_>) -> Result<Box<dyn Settings>, erased_serde::Error>;
+
 /// How one registered plugin's settings are read.
 #[derive(Clone, Copy)]
 struct Entry {
     name: &'static str,
-    read: fn(
-        &mut dyn erased_serde::Deserializer<'_>,
-    ) -> Result<Box<dyn Settings>, erased_serde::Error>,
+    read: ReadSettings,
     default: fn() -> Box<dyn Settings>,
 }
 
