@@ -55,7 +55,7 @@ run_suite() {
     cat "$WORK/last.txt"
     ;;
   corridor-table1-quality)
-    unpack "$R/corridor-table1/stage1-judge-quality/runs/corridor-table1-quality.tar.gz"
+    unpack "$R/corridor-table1/stage1-judge-quality/runs/corridor-table1-quality.tar.xz"
     local p=cor_t1q_ args=()
     for pair in twin_a=outcome_only twin_b=outcome_only judge_b_consistency=outcome_only \
       judge_a=judge_b judge_a=outcome_only_80_steps judge_b=outcome_only_80_steps \
@@ -63,11 +63,20 @@ run_suite() {
       args+=(--compare "$p${pair/=/=$p}")
     done
     report "$R/corridor-table1/stage1-judge-quality" runs/corridor-table1-quality "${args[@]}"
+    # The replication (consistency-outcome PLAN.md, part B): rows 0, 2, 3 on seeds 6-10, and
+    # the two comparisons on seeds 6-10 and 1-10 pooled (printed; RESULT.md quotes them).
+    unpack "$R/corridor-table1/stage1-judge-quality/runs/corridor-table1-quality-seeds-6-10.tar.xz"
+    for seeds in 6,7,8,9,10 1,2,3,4,5,6,7,8,9,10; do
+      report "$WORK/seeds-$seeds" runs/corridor-table1-quality --seeds "$seeds"
+      echo "seeds $seeds:"
+      sed -n '/^\*\*Task success\*\*/,/^\*\*The judge\*\*/p' "$WORK/seeds-$seeds/report.md" \
+        | grep -E "^\| experiment|^\| cor_t1q_(judge_a|twin_a) \| cor_t1q_(outcome_only|judge_a) \|"
+    done
     ;;
   corridor-table1-quality-stage2)
     # Stage 2's rows are paired with stage 1's: both suites in one report (the experiment
     # files' `compare` lists hold the comparisons beyond each row's baseline).
-    unpack "$R/corridor-table1/stage1-judge-quality/runs/corridor-table1-quality.tar.gz" \
+    unpack "$R/corridor-table1/stage1-judge-quality/runs/corridor-table1-quality.tar.xz" \
       "$R/corridor-table1/stage2-adaptation/runs/corridor-table1-quality-stage2.tar.gz"
     report "$R/corridor-table1/stage2-adaptation" runs/corridor-table1-quality \
       runs/corridor-table1-quality-stage2
@@ -77,7 +86,7 @@ run_suite() {
     # part 1's judge B with every earlier metric identical: its report is the committed one.
     # Part 1 beside stage 1 (judge B's long fit against stage 1's rows, and against stage 1's
     # judge B on the seeds both have) is printed, its report not committed.
-    unpack "$R/corridor-table1/stage1-judge-quality/runs/corridor-table1-quality.tar.gz" \
+    unpack "$R/corridor-table1/stage1-judge-quality/runs/corridor-table1-quality.tar.xz" \
       "$R/corridor-table1/stage3-blind-spots/runs/corridor-table1-quality-stage3.tar.gz" \
       "$R/corridor-table1/stage3-blind-spots/runs/corridor-table1-quality-situations.tar.gz"
     local p=cor_t1qs_
