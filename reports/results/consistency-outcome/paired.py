@@ -48,27 +48,31 @@ MEASURES = [
     ("judge training samples (total)", lambda ls: total(ls, "judge/train_samples")),
 ]
 
-def ci(xs):
+def mean_half(xs):
+    """Mean and 95% t half-width (None for one value) of xs."""
     n = len(xs)
-    if n == 0:
-        return "–"
     m = sum(xs) / n
     if n == 1:
-        return f"{m:+.3f} (n=1)"
+        return m, None
     sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
-    h = T95[n - 1] * sd / math.sqrt(n)
+    return m, T95[n - 1] * sd / math.sqrt(n)
+
+def ci(xs):
+    """A paired difference: signed, with n, marked where the interval excludes 0."""
+    if not xs:
+        return "–"
+    m, h = mean_half(xs)
+    if h is None:
+        return f"{m:+.3f} (n=1)"
     sep = " **excl. 0**" if abs(m) > h else ""
-    return f"{m:+.3f} ± {h:.3f} (n={n}){sep}"
+    return f"{m:+.3f} ± {h:.3f} (n={len(xs)}){sep}"
 
 def mean_ci(xs):
-    n = len(xs)
-    if n == 0:
+    """A row's mean ± half-width."""
+    if not xs:
         return "–"
-    m = sum(xs) / n
-    if n == 1:
-        return f"{m:.3f} (n=1)"
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
-    return f"{m:.3f} ± {T95[n - 1] * sd / math.sqrt(n):.3f}"
+    m, h = mean_half(xs)
+    return f"{m:.3f} (n=1)" if h is None else f"{m:.3f} ± {h:.3f}"
 
 def main():
     runs = sys.argv[1]
