@@ -2,7 +2,7 @@
 //!
 //! CUDA and WGPU do not report a missing driver as an error: cudarc panics when it cannot
 //! load `libcuda.so`, cubecl-wgpu panics when no adapter answers, often on a worker thread
-//! and followed by a stack of further panics. [`probe`] starts the device with one tiny read
+//! and followed by a stack of further panics. `probe` starts the device with one tiny read
 //! before anything else happens (no run directory exists yet), catches the first panic, and
 //! [`explain`] turns its message into one error that names what is missing and how to get
 //! it. The error is a [`BackendUnavailable`], which the command line exits with code 2: the

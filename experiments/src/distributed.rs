@@ -2,7 +2,7 @@
 //! Local peers are threads of this process, each with its own replica (on CUDA, peer `i` on
 //! `cuda:<index + i>`), joined through host memory ([`HostGroup`]); ranks are processes, on
 //! this machine or others, started by an MPI launcher (`mpirun`, `mpiexec`, Slurm's `srun`)
-//! and joined by MPI (the `distributed` build, [`crate::mpi`]).
+//! and joined by MPI (the `distributed` build, `mpi`).
 //!
 //! Placement is a launch choice, never part of the experiment: `shards` fixes the numbers,
 //! and every placement of the same shards gives the same metrics (framework/METHOD.md,

@@ -76,7 +76,11 @@ pub fn run(args: &ExportArgs) -> Result<()> {
         return Err(UsageError(format!(
             "--quant is for --format gguf; --format {} writes the weights as the run holds them \
              (drop --quant)",
-            if args.format == Format::Hf { "hf" } else { "peft" }
+            if args.format == Format::Hf {
+                "hf"
+            } else {
+                "peft"
+            }
         ))
         .into());
     }

@@ -810,7 +810,12 @@ fn from_run_dir(source: &mut ModelSource, run: &Path) {
     let Ok(run) = run.canonicalize() else {
         return;
     };
-    if let Some(found) = run.ancestors().skip(1).map(|a| a.join(path)).find(|c| c.exists()) {
+    if let Some(found) = run
+        .ancestors()
+        .skip(1)
+        .map(|a| a.join(path))
+        .find(|c| c.exists())
+    {
         p.path = found.to_string_lossy().into_owned();
     }
 }
@@ -1160,7 +1165,10 @@ mod tests {
         let ModelSource::Pretrained(p) = &source else {
             panic!("{source:?}")
         };
-        assert!(Path::new(&p.path).is_absolute() && Path::new(&p.path).exists(), "{p:?}");
+        assert!(
+            Path::new(&p.path).is_absolute() && Path::new(&p.path).exists(),
+            "{p:?}"
+        );
         // A path found nowhere is left as it was (its own error names it).
         let mut missing = spec("pretrained-here/none.gguf");
         from_run_dir(&mut missing, &run);

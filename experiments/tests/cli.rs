@@ -1010,7 +1010,15 @@ fn export_refuses_quant_outside_gguf_and_help_names_every_format() {
     let dir = scratch("quant");
     for format in ["hf", "peft"] {
         let out = Command::new(env!("CARGO_BIN_EXE_rlany"))
-            .args(["export", "no-such-run", "out", "--format", format, "--quant", "q8_0"])
+            .args([
+                "export",
+                "no-such-run",
+                "out",
+                "--format",
+                format,
+                "--quant",
+                "q8_0",
+            ])
             .current_dir(&dir)
             .output()
             .expect("rlany runs");

@@ -247,7 +247,10 @@ impl Reader {
         let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
         let others = || {
             let all = list(checkpoints);
-            let others: Vec<String> = all.into_iter().filter(|c| Some(c) != name.as_ref()).collect();
+            let others: Vec<String> = all
+                .into_iter()
+                .filter(|c| Some(c) != name.as_ref())
+                .collect();
             if others.is_empty() {
                 "none".to_string()
             } else {

@@ -12,7 +12,7 @@
 //! The exchange is one primitive, an exact all-gather of bytes ([`Collective`]): every peer
 //! hands in its own rows and gets every peer's rows back, in rank order, bit for bit. Over
 //! several processes it is MPI's `MPI_Allgatherv` (the composition root's `distributed`
-//! build); between peers of one process it goes through host memory ([`HostGroup`]).
+//! build); between peers of one process it goes through host memory ([`crate::HostGroup`]).
 //! Gradients are gathered per shard and summed in shard order by every peer, so any number of
 //! peers gives the sums of one process, whatever order a network would add in.
 
@@ -61,7 +61,7 @@ pub enum PlacementError {
 }
 
 /// The exchange among the peers of a run: the composition root implements it (over MPI), or
-/// [`HostGroup`] between threads; the framework builds every exchange on it.
+/// [`crate::HostGroup`] between threads; the framework builds every exchange on it.
 pub trait Collective: Send + Sync {
     /// Peers in the run, this one included (≥ 1).
     fn peers(&self) -> usize;

@@ -146,7 +146,7 @@ pub trait AttentionOps: Backend {
     ) -> FloatTensor<Self> {
         reference_write_positions::<Self>(buffer, src, at)
     }
-    /// Rotary positions ([`crate::rotary`]): `[x1, x2] ↦ [x1·cos − x2·sin, x2·cos + x1·sin]`
+    /// Rotary positions ([`mod@crate::rotary`]): `[x1, x2] ↦ [x1·cos − x2·sin, x2·cos + x1·sin]`
     /// over the halves of the head dimension. By default the composition
     /// ([`crate::rotary::reference_rotary`]); a backend may do it in one pass (Flex), and
     /// `Autodiff<B>` adds the backward (the rotation by `−sin`).
@@ -233,7 +233,7 @@ pub trait AttentionOps: Backend {
 
     /// `x · wᵀ` with `w` in quantized blocks ([`crate::packed`]), or `None` where this
     /// backend has no such product (the caller then multiplies by the dense weights, the
-    /// reference twin). CPU backends compute it on the host ([`crate::packed_matmul_host`]);
+    /// reference twin). CPU backends compute it on the host (`packed_matmul_host`);
     /// the GPU backends and `Autodiff<B>` (no backward: the weights are frozen, and the
     /// input's gradient goes through the dense product) return `None`.
     ///

@@ -88,7 +88,7 @@ impl<B: AttentionOps> LayerKv<B> {
 /// Keys and values of the positions seen so far, per layer, for incremental decoding.
 ///
 /// Each layer holds K and V in buffers of shape `[batch, kv_heads, capacity, head_dim]` (K
-/// after the rotation); every [`Transformer::forward_with`] call that is given the cache
+/// after the rotation); every `Transformer::forward_with` call that is given the cache
 /// writes its positions in place after the filled ones (no copy of the cache per token).
 #[derive(Debug, Clone)]
 pub struct KvCache<B: Backend> {

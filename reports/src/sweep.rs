@@ -124,7 +124,7 @@ pub(crate) fn parse_resolved(text: &str) -> Result<ron::Value, String> {
 }
 
 /// The numeric settings of a `resolved.ron` text (see the module docs for the paths), read
-/// with [`parse_resolved`].
+/// with `parse_resolved`.
 pub fn parse_settings(text: &str) -> Result<Settings, String> {
     let v = parse_resolved(text)?;
     let mut out = Vec::new();

@@ -3,7 +3,7 @@
 //! What an environment or a difficulty proposer of RLAnything implements, and nothing more:
 //! no Burn, no tensors, so a plugin crate compiles in seconds.
 //!
-//! - [`env`]: the [`Environment`] and [`Episode`] traits and what a step answers
+//! - [`mod@env`]: the [`Environment`] and [`Episode`] traits and what a step answers
 //!   ([`StepResult`]), the difficulty space ([`Dim`]), splits and an environment's health;
 //! - [`rng`]: the one random number generator ([`Rng`]), streams derived by name;
 //! - [`check`]: range checks for a plugin's settings, with field paths;
