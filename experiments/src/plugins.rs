@@ -193,20 +193,8 @@ impl Plugins {
     pub fn environment<S: SettingsType + EnvironmentPlugin>(mut self, name: &'static str) -> Self {
         self.environments.push(Entry {
             name,
-            read: |d| {
-                Ok(Box::new(Typed {
-                    value: erased_serde::deserialize::<S>(d)?,
-                    as_environment: Some(|s: &S| s as &dyn EnvironmentPlugin),
-                    as_proposer: None,
-                }))
-            },
-            default: || {
-                Box::new(Typed {
-                    value: S::default(),
-                    as_environment: Some(|s: &S| s as &dyn EnvironmentPlugin),
-                    as_proposer: None,
-                })
-            },
+            read: |d| Ok(as_environment(erased_serde::deserialize::<S>(d)?)),
+            default: || as_environment(S::default()),
         });
         self
     }
@@ -216,20 +204,8 @@ impl Plugins {
     pub fn proposer<S: SettingsType + ProposerPlugin>(mut self, name: &'static str) -> Self {
         self.proposers.push(Entry {
             name,
-            read: |d| {
-                Ok(Box::new(Typed {
-                    value: erased_serde::deserialize::<S>(d)?,
-                    as_environment: None,
-                    as_proposer: Some(|s: &S| s as &dyn ProposerPlugin),
-                }))
-            },
-            default: || {
-                Box::new(Typed {
-                    value: S::default(),
-                    as_environment: None,
-                    as_proposer: Some(|s: &S| s as &dyn ProposerPlugin),
-                })
-            },
+            read: |d| Ok(as_proposer(erased_serde::deserialize::<S>(d)?)),
+            default: || as_proposer(S::default()),
         });
         self
     }
@@ -265,6 +241,30 @@ impl Plugins {
         }
         Ok(())
     }
+}
+
+/// Settings that are an environment plugin.
+fn as_environment<S: SettingsType + EnvironmentPlugin>(value: S) -> Box<dyn Settings> {
+    Box::new(Typed {
+        value,
+        as_environment: Some(|s: &S| s as &dyn EnvironmentPlugin),
+        as_proposer: None,
+    })
+}
+
+/// Settings that are a proposer plugin.
+fn as_proposer<S: SettingsType + ProposerPlugin>(value: S) -> Box<dyn Settings> {
+    Box::new(Typed {
+        value,
+        as_environment: None,
+        as_proposer: Some(|s: &S| s as &dyn ProposerPlugin),
+    })
+}
+
+/// The index serde gives the variant `name` of an enum whose built-in variants are `names`
+/// (a registered plugin's: one past them).
+fn variant_index(names: &[&str], name: &str) -> u32 {
+    names.iter().position(|n| *n == name).unwrap_or(names.len()) as u32
 }
 
 /// The registered environment (`which = 0`) or proposer (`1`) plugin `name`.
@@ -404,22 +404,12 @@ macro_rules! plugins {
 
         impl Serialize for EnvironmentSpec {
             fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                let mut i = 0u32;
-                $(
-                    if let Self::$env(v) = self {
-                        return s.serialize_newtype_variant("EnvironmentSpec", i, stringify!($env), v);
-                    }
-                    i += 1;
-                )+
-                match self {
-                    Self::Registered(r) => s.serialize_newtype_variant(
-                        "EnvironmentSpec",
-                        i,
-                        r.name,
-                        r.settings.erased(),
-                    ),
-                    _ => unreachable!("every built-in variant is serialised above"),
-                }
+                let (name, value): (&'static str, &dyn erased_serde::Serialize) = match self {
+                    $( Self::$env(v) => (stringify!($env), v), )+
+                    Self::Registered(r) => (r.name, r.settings.erased()),
+                };
+                let i = variant_index(ENVIRONMENTS, name);
+                s.serialize_newtype_variant("EnvironmentSpec", i, name, value)
             }
         }
 
@@ -475,29 +465,14 @@ macro_rules! plugins {
 
         impl Serialize for AdaptationSpec {
             fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                let mut i = 2u32;
-                match self {
+                let (name, value): (&'static str, &dyn erased_serde::Serialize) = match self {
                     Self::Static => return s.serialize_unit_variant("AdaptationSpec", 0, "Static"),
-                    Self::Threshold(t) => {
-                        return s.serialize_newtype_variant("AdaptationSpec", 1, "Threshold", t)
-                    }
-                    _ => {}
-                }
-                $(
-                    if let Self::$prop(v) = self {
-                        return s.serialize_newtype_variant("AdaptationSpec", i, stringify!($prop), v);
-                    }
-                    i += 1;
-                )*
-                match self {
-                    Self::Registered(r) => s.serialize_newtype_variant(
-                        "AdaptationSpec",
-                        i,
-                        r.name,
-                        r.settings.erased(),
-                    ),
-                    _ => unreachable!("every built-in variant is serialised above"),
-                }
+                    Self::Threshold(t) => ("Threshold", t),
+                    $( Self::$prop(v) => (stringify!($prop), v), )*
+                    Self::Registered(r) => (r.name, r.settings.erased()),
+                };
+                let i = variant_index(ADAPTATIONS, name);
+                s.serialize_newtype_variant("AdaptationSpec", i, name, value)
             }
         }
 

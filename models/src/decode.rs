@@ -28,8 +28,9 @@
 //! that call; named again with nothing appended, it goes on from the hidden state kept
 //! after that token (what reading the token in the next call would compute), so whatever
 //! a policy writes, a row with room always generates. A row with no budget (nothing
-//! read or kept, or no room for one token) gets an empty generation and is dropped. On a fresh row a prompt of `max_seq_len` tokens or more keeps only its last
-//! `max_seq_len − 1` tokens, so at least one token can be generated.
+//! read or kept, or no room for one token) gets an empty generation and is dropped. On a
+//! fresh row a prompt of `max_seq_len` tokens or more keeps only its last `max_seq_len − 1`
+//! tokens, so at least one token can be generated.
 //!
 //! The first call on fresh contexts computes exactly what one pass over the left-padded
 //! prompts followed by cached decoding computes (the `generate` of earlier versions).
