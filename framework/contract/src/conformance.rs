@@ -128,6 +128,18 @@ struct Played {
     outcome: bool,
 }
 
+/// Plays `actions` in the training task `(d, seed)` of an environment compiled in until the
+/// episode ends: what [`crate::env::fingerprint`] hashes (`Debug` of the played episode).
+pub(crate) fn replay(
+    env: &dyn Environment,
+    d: &[f64],
+    seed: u64,
+    actions: &[String],
+) -> impl std::fmt::Debug {
+    // A compiled-in environment's calls cannot fail.
+    play(&Compiled(env), d, Split::Train, seed, actions)
+}
+
 /// Plays `actions` in the task `(d, split, seed)` until the episode ends.
 fn play<S: Subject>(
     s: &S,

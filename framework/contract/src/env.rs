@@ -250,27 +250,11 @@ pub const FINGERPRINT_EPISODES: u64 = 8;
 /// [`Environment::identity`].
 pub fn fingerprint(env: &dyn Environment, d: &[f64]) -> String {
     let mut h = crate::fnv::Fnv1a::default();
-    let mut feed = |text: &str| {
-        h.write(&(text.len() as u64).to_le_bytes());
-        h.write(text.as_bytes());
-    };
     for seed in 0..FINGERPRINT_EPISODES {
         let (prompt, actions) = env.demonstration(d, 0.5, seed);
-        feed(&prompt);
-        let mut ep = env.sample(d, Split::Train, seed);
-        feed(&ep.prompt());
-        for action in &actions {
-            if ep.done() {
-                break;
-            }
-            let r = ep.step(action);
-            feed(action);
-            feed(&format!(
-                "{:?}|{}|{}|{:?}|{:?}|{}",
-                r.observation, r.done, r.label, r.dims, r.blame, r.kind
-            ));
-        }
-        feed(if ep.outcome() { "solved" } else { "failed" });
+        // The conformance checks' own replay: the prompt, key, every answer and the outcome.
+        let played = crate::conformance::replay(env, d, seed, &actions);
+        h.write(format!("{prompt:?}{actions:?}{played:?}").as_bytes());
     }
     format!("{:016x}", h.finish())
 }
