@@ -288,60 +288,21 @@ impl EnvHealth {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Doors answered by one letter; `flip` relabels every step, as a code change of the
-    /// oracle would.
-    struct Doors {
-        flip: bool,
-    }
-    struct DoorsEpisode {
-        left: usize,
-        flip: bool,
-    }
-    impl Episode for DoorsEpisode {
-        fn prompt(&self) -> String {
-            format!("{} doors\n", self.left)
-        }
-        fn step(&mut self, action: &str) -> StepResult {
-            self.left -= 1;
-            let label = (action == "L") != self.flip;
-            StepResult::taken("next".into(), self.left == 0, label, vec![0], vec![0])
-        }
-        fn done(&self) -> bool {
-            self.left == 0
-        }
-        fn outcome(&self) -> bool {
-            self.done()
-        }
-    }
-    impl Environment for Doors {
-        fn difficulty_space(&self) -> Vec<Dim> {
-            vec![Dim::new("length", 1.0, 5.0)]
-        }
-        fn sample(&self, _d: &[f64], _split: Split, seed: u64) -> Box<dyn Episode> {
-            Box::new(DoorsEpisode {
-                left: 1 + seed as usize % 3,
-                flip: self.flip,
-            })
-        }
-        fn demonstration(&self, _d: &[f64], _noise: f64, seed: u64) -> (String, Vec<String>) {
-            let n = 1 + seed as usize % 3;
-            (format!("{n} doors\n"), vec!["L".into(); n])
-        }
-    }
+    use crate::testing::Doors;
 
     #[test]
     fn the_fingerprint_sees_an_oracle_change_and_nothing_else() {
-        let a = fingerprint(&Doors { flip: false }, &[0.5]);
+        let a = fingerprint(&Doors { wrong_r: false }, &[0.5]);
         assert_eq!(a.len(), 16);
         assert_eq!(
             a,
-            fingerprint(&Doors { flip: false }, &[0.5]),
+            fingerprint(&Doors { wrong_r: false }, &[0.5]),
             "deterministic"
         );
+        // Every `R` labelled wrong: the oracle's code changed.
         assert_ne!(
             a,
-            fingerprint(&Doors { flip: true }, &[0.5]),
+            fingerprint(&Doors { wrong_r: true }, &[0.5]),
             "the labels changed"
         );
     }

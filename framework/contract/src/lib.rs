@@ -24,6 +24,8 @@ pub mod env;
 pub mod fnv;
 pub mod plugin;
 pub mod rng;
+#[cfg(test)]
+mod testing;
 
 pub use env::{Difficulty, Dim, EnvHealth, Environment, Episode, Split, StepResult};
 pub use rng::Rng;
