@@ -65,9 +65,14 @@ run_suite() {
     report "$R/corridor-table1/stage1-judge-quality" runs/corridor-table1-quality "${args[@]}"
     # The replication (consistency-outcome PLAN.md, part B): rows 0, 2, 3 on seeds 6-10, and
     # the two comparisons on seeds 6-10 and 1-10 pooled (printed; RESULT.md quotes them).
-    unpack "$R/corridor-table1/stage1-judge-quality/runs/corridor-table1-quality-seeds-6-10.tar.xz"
+    # In a folder of their own, so that the later suites' unpacked stage 1 stays seeds 1-5.
+    mkdir -p "$WORK/pooled/runs"
+    for a in corridor-table1-quality corridor-table1-quality-seeds-6-10; do
+      tar xf "$R/corridor-table1/stage1-judge-quality/runs/$a.tar.xz" -C "$WORK/pooled/runs"
+    done
     for seeds in 6,7,8,9,10 1,2,3,4,5,6,7,8,9,10; do
-      report "$WORK/seeds-$seeds" runs/corridor-table1-quality --seeds "$seeds"
+      (cd "$WORK/pooled" && "$RLANY" report runs/corridor-table1-quality --seeds "$seeds" \
+        --out "$WORK/seeds-$seeds" > "$WORK/last.txt")
       echo "seeds $seeds:"
       sed -n '/^\*\*Task success\*\*/,/^\*\*The judge\*\*/p' "$WORK/seeds-$seeds/report.md" \
         | grep -E "^\| experiment|^\| cor_t1q_(judge_a|twin_a) \| cor_t1q_(outcome_only|judge_a) \|"
