@@ -587,7 +587,7 @@ fn files(dir: &Path, out: &mut Vec<(PathBuf, u64)>) {
     }
 }
 
-/// The results folder stays within the budget ARCHITECTURE.md states (25 MB): figures as SVG
+/// The results folder stays within the budget ARCHITECTURE.md states (12 MB): figures as SVG
 /// only, no Python caches.
 #[test]
 fn the_results_folder_keeps_its_budget() {
@@ -596,8 +596,8 @@ fn the_results_folder_keeps_its_budget() {
     assert!(!all.is_empty());
     let total: u64 = all.iter().map(|(_, n)| n).sum();
     assert!(
-        total <= 25_000_000,
-        "reports/results holds {total} bytes, over 25 MB"
+        total <= 12_000_000,
+        "reports/results holds {total} bytes, over 12 MB"
     );
     for (p, _) in &all {
         let s = p.to_string_lossy();

@@ -7,7 +7,7 @@
 #
 # SUITE is one of: corridor-table1 corridor-table1-steps corridor-table1-quality
 # corridor-table1-quality-stage2 corridor-table1-quality-stage3 corridor-table1-quality-stage4 consistency-repair
-# consistency-outcome regime-map regime-desktop regime-desktop-sparse. Each archive (.tar.gz or .tar.xz)
+# consistency-outcome regime-map regime-desktop regime-desktop-sparse. Each archive (.tar.xz)
 # is unpacked into a temporary folder (`runs/<suite>/…`, as `rlany ablate` wrote it) and the
 # report is written where RESULT.md links it. The names are the experiment suites'
 # (experiments/ablation/<suite>); the corridor Table 1's stages live under
@@ -39,13 +39,13 @@ report() { # out, then rlany report's arguments
 run_suite() {
   case $1 in
   corridor-table1)
-    unpack_into corridor-table1 "$R/corridor-table1/stage0a-action-history/runs/corridor-table1.tar.gz"
+    unpack_into corridor-table1 "$R/corridor-table1/stage0a-action-history/runs/corridor-table1.tar.xz"
     local p=cor_t1_
     report "$R/corridor-table1/stage0a-action-history" runs/corridor-table1 \
       $(for r in consistency consistency_balanced threshold gp; do echo --compare ${p}$r=${p}frozen_judge; done)
     ;;
   corridor-table1-steps)
-    unpack_into corridor-table1-steps "$R/corridor-table1/stage0b-observations/runs/corridor-table1-steps.tar.gz"
+    unpack_into corridor-table1-steps "$R/corridor-table1/stage0b-observations/runs/corridor-table1-steps.tar.xz"
     local p=cor_t1s_
     local cmp="--compare ${p}frozen_judge=${p}matched_synthetic_judge --compare ${p}consistency=${p}matched_synthetic_judge --compare ${p}consistency=${p}frozen_judge"
     report "$R/corridor-table1/stage0b-observations" runs/corridor-table1-steps $cmp
@@ -82,7 +82,7 @@ run_suite() {
     # Stage 2's rows are paired with stage 1's: both suites in one report (the experiment
     # files' `compare` lists hold the comparisons beyond each row's baseline).
     unpack "$R/corridor-table1/stage1-judge-quality/runs/corridor-table1-quality.tar.xz" \
-      "$R/corridor-table1/stage2-adaptation/runs/corridor-table1-quality-stage2.tar.gz"
+      "$R/corridor-table1/stage2-adaptation/runs/corridor-table1-quality-stage2.tar.xz"
     report "$R/corridor-table1/stage2-adaptation" runs/corridor-table1-quality \
       runs/corridor-table1-quality-stage2
     ;;
@@ -92,8 +92,8 @@ run_suite() {
     # Part 1 beside stage 1 (judge B's long fit against stage 1's rows, and against stage 1's
     # judge B on the seeds both have) is printed, its report not committed.
     unpack "$R/corridor-table1/stage1-judge-quality/runs/corridor-table1-quality.tar.xz" \
-      "$R/corridor-table1/stage3-blind-spots/runs/corridor-table1-quality-stage3.tar.gz" \
-      "$R/corridor-table1/stage3-blind-spots/runs/corridor-table1-quality-situations.tar.gz"
+      "$R/corridor-table1/stage3-blind-spots/runs/corridor-table1-quality-stage3.tar.xz" \
+      "$R/corridor-table1/stage3-blind-spots/runs/corridor-table1-quality-situations.tar.xz"
     local p=cor_t1qs_
     report "$R/corridor-table1/stage3-blind-spots" runs/corridor-table1-quality-situations \
       --compare ${p}judge_a=${p}judge_b_long_fit --compare ${p}twin_a=${p}outcome_only \
@@ -107,14 +107,14 @@ run_suite() {
     # Part 1 (judge B at lr 3e-4) is paired with stage 3's part-2 rows, part 2 (the adapted
     # rows with the sampled evaluation) with part 1's judge B: the three suites in one report
     # (the experiment files' `compare` lists hold the comparisons beyond each baseline).
-    unpack "$R/corridor-table1/stage3-blind-spots/runs/corridor-table1-quality-situations.tar.gz" \
-      "$R/corridor-table1/stage4-five-seeds/runs/corridor-table1-quality-stage4.tar.gz" \
-      "$R/corridor-table1/stage4-five-seeds/runs/corridor-table1-quality-stage4-adaptation.tar.gz"
+    unpack "$R/corridor-table1/stage3-blind-spots/runs/corridor-table1-quality-situations.tar.xz" \
+      "$R/corridor-table1/stage4-five-seeds/runs/corridor-table1-quality-stage4.tar.xz" \
+      "$R/corridor-table1/stage4-five-seeds/runs/corridor-table1-quality-stage4-adaptation.tar.xz"
     report "$R/corridor-table1/stage4-five-seeds" runs/corridor-table1-quality-situations \
       runs/corridor-table1-quality-stage4 runs/corridor-table1-quality-stage4-adaptation
     ;;
   consistency-repair)
-    unpack "$R/consistency-repair/runs/consistency-repair.tar.gz"
+    unpack "$R/consistency-repair/runs/consistency-repair.tar.xz"
     report "$R/consistency-repair" runs/consistency-repair
     ;;
   consistency-outcome)
@@ -127,7 +127,7 @@ run_suite() {
   regime-map)
     for s in corridor-k10 corridor-k20 corridor-k30 household-d015 household-d035 \
       household-d035-slack12 household-d060 household-d060-belief; do
-      unpack "$R/regime-map/runs/regime-$s.tar.gz"
+      unpack "$R/regime-map/runs/regime-$s.tar.xz"
     done
     (cd "$WORK/runs" && "$RLANY" report regime-corridor-k10 regime-corridor-k20 regime-corridor-k30 \
       --interaction regime-corridor-k20:regime-corridor-k10 \
@@ -144,15 +144,15 @@ run_suite() {
     echo "wrote $R/regime-map/{corridor,household-map,household-belief}/report.md"
     ;;
   regime-desktop)
-    unpack "$R/regime-desktop/runs/regime-desktop-d025.tar.gz" "$R/regime-desktop/runs/regime-desktop-d050.tar.gz"
+    unpack "$R/regime-desktop/runs/regime-desktop-d025.tar.xz" "$R/regime-desktop/runs/regime-desktop-d050.tar.xz"
     report "$R/regime-desktop/report" runs/regime-desktop-d025 runs/regime-desktop-d050 \
       --interaction regime-desktop-d050:regime-desktop-d025
     ;;
   regime-desktop-sparse)
-    unpack "$R/regime-desktop-sparse/runs/regime-desktop-sparse.tar.gz"
+    unpack "$R/regime-desktop-sparse/runs/regime-desktop-sparse.tar.xz"
     report "$R/regime-desktop-sparse/report" runs/regime-desktop-sparse
     # The step-kind reruns (printed, their report not committed).
-    unpack "$R/regime-desktop-sparse/runs/kinds.tar.gz"
+    unpack "$R/regime-desktop-sparse/runs/kinds.tar.xz"
     report "$WORK/kinds" runs/regime-desktop-sparse-kinds
     cat "$WORK/last.txt"
     ;;

@@ -31,6 +31,7 @@ pub mod grid;
 mod kinds;
 pub mod learnability;
 mod plot;
+pub mod svg;
 mod regime;
 pub mod runs;
 pub mod stats;

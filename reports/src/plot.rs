@@ -313,8 +313,8 @@ pub struct FigureFile {
     pub height: u32,
 }
 
-/// Writes `fig` as `dir/stem.svg` (one format: text stays text, a fraction of a PNG's
-/// bytes, and every page that shows a figure embeds it).
+/// Writes `fig` as `dir/stem.svg`, compacted ([`crate::svg`]): one format, text stays text,
+/// and every page that shows a figure embeds it.
 pub(crate) fn save<F: Render>(fig: &F, dir: &Path, stem: &str) -> Result<FigureFile, ReportError> {
     ensure_font()?;
     let (width, height) = fig.size();
@@ -323,11 +323,15 @@ pub(crate) fn save<F: Render>(fig: &F, dir: &Path, stem: &str) -> Result<FigureF
         path: svg.clone(),
         message: e,
     };
+    let mut drawn = String::new();
     {
-        let root = TextFix::svg(SVGBackend::new(&svg, (width, height))).into_drawing_area();
+        let root = TextFix::svg(SVGBackend::with_string(&mut drawn, (width, height)))
+            .into_drawing_area();
         fig.render(&root).map_err(|e| err(e.to_string()))?;
         root.present().map_err(|e| err(e.to_string()))?;
     }
+    let text = crate::svg::compact(&drawn).map_err(|e| err(e.to_string()))?;
+    std::fs::write(&svg, text).map_err(|e| err(e.to_string()))?;
     Ok(FigureFile {
         title: fig.title().to_string(),
         svg,
