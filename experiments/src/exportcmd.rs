@@ -2,9 +2,10 @@
 //! tools load — a Hugging Face directory (`config.json`, `model.safetensors` with the LoRA
 //! adapters merged, `generation_config.json`, and the tokenizer: the source's own files when
 //! it came from a Hugging Face directory, written from the metadata when from a GGUF file),
-//! PEFT's adapter directory over the base model, or (for a policy loaded from a GGUF file) a
-//! GGUF file for llama.cpp, `--quant f16|q8_0`, with the source's metadata and tokenizer. A from-scratch policy reads the character tokenizer,
-//! which none of the formats holds: refused.
+//! PEFT's adapter directory over the base model (`--base-model`, which a GGUF source needs:
+//! PEFT cannot load one), or (for a policy loaded from a GGUF file) a GGUF file for llama.cpp,
+//! `--quant f16|q8_0`, with the source's metadata and tokenizer. A from-scratch policy reads
+//! the character tokenizer, which none of the formats holds: refused.
 
 use crate::{OnBackend, Role, UsageError, on_backend, run_model};
 use anyhow::{Context, Result};
@@ -54,6 +55,12 @@ pub struct ExportArgs {
     /// --format gguf (hf and peft write the weights as the run holds them).
     #[arg(long, value_enum)]
     quant: Option<Quant>,
+    /// For --format peft: the base model as `adapter_config.json` names it
+    /// (`base_model_name_or_path`), a Hugging Face repository or directory — e.g.
+    /// HuggingFaceTB/SmolLM2-135M-Instruct. Required when the run's model is a GGUF file
+    /// (which PEFT cannot load); a Hugging Face directory's own absolute path otherwise.
+    #[arg(long, value_name = "NAME")]
+    base_model: Option<String>,
     /// Export this checkpoint (e.g. step-000010) instead of the latest.
     #[arg(long)]
     checkpoint: Option<String>,
@@ -84,17 +91,26 @@ pub fn run(args: &ExportArgs) -> Result<()> {
         ))
         .into());
     }
+    if args.base_model.is_some() && args.format != Format::Peft {
+        return Err(UsageError(format!(
+            "--base-model is for --format peft (it names the base the adapters go over); \
+             --format {} merges the adapters into the weights (drop --base-model)",
+            if args.format == Format::Hf {
+                "hf"
+            } else {
+                "gguf"
+            }
+        ))
+        .into());
+    }
     struct Job<'a>(&'a ExportArgs);
     impl OnBackend for Job<'_> {
-        type Output = Vec<String>;
-        fn on<B: rlany_kernels::LogProbOps>(self, device: &B::Device) -> Result<Vec<String>> {
+        type Output = ();
+        fn on<B: rlany_kernels::LogProbOps>(self, device: &B::Device) -> Result<()> {
             export::<B>(self.0, device)
         }
     }
-    let notes = on_backend(BackendKind::NdArray, Job(args))?;
-    for n in notes {
-        eprintln!("note: {n}");
-    }
+    on_backend(BackendKind::NdArray, Job(args))?;
     if args.format == Format::Gguf {
         let bytes = std::fs::metadata(&args.out)
             .with_context(|| format!("reading {}", args.out.display()))?
@@ -115,10 +131,7 @@ pub fn run(args: &ExportArgs) -> Result<()> {
     Ok(())
 }
 
-fn export<B: rlany_kernels::LogProbOps>(
-    args: &ExportArgs,
-    device: &B::Device,
-) -> Result<Vec<String>> {
+fn export<B: rlany_kernels::LogProbOps>(args: &ExportArgs, device: &B::Device) -> Result<()> {
     let role = if args.judge {
         Role::Judge
     } else {
@@ -134,7 +147,6 @@ fn export<B: rlany_kernels::LogProbOps>(
         ))
         .into());
     };
-    let mut notes = Vec::new();
     match args.format {
         Format::Gguf => {
             let src = Path::new(&source.path);
@@ -169,13 +181,38 @@ fn export<B: rlany_kernels::LogProbOps>(
                 ))
                 .into());
             };
-            save_peft_dir(&p.model, spec, &source.path, &args.out)?;
-            notes.push(format!(
-                "adapter_config.json names the base model as {:?} (the run's file); for \
-                 transformers + peft, point `base_model_name_or_path` at its Hugging Face \
-                 directory or repository",
-                source.path
-            ));
+            let src = Path::new(&source.path);
+            let base = match (&args.base_model, src.is_dir()) {
+                (Some(name), _) => name.clone(),
+                (None, true) => std::fs::canonicalize(src)
+                    .with_context(|| format!("reading {}", src.display()))?
+                    .to_string_lossy()
+                    .into_owned(),
+                (None, false) => {
+                    let gguf = GgufFile::open(src)?;
+                    let says = ["general.organization", "general.name"]
+                        .iter()
+                        .filter_map(|k| gguf.get(k).and_then(|v| v.as_str()))
+                        .collect::<Vec<_>>()
+                        .join(" / ");
+                    return Err(UsageError(format!(
+                        "{}: the {who} was loaded from a GGUF file ({}{}), which transformers \
+                         + PEFT cannot load as the adapters' base; name its Hugging Face \
+                         repository or directory with --base-model (for the SmolLM2 of \
+                         models/fetch-smollm2.sh: --base-model \
+                         HuggingFaceTB/SmolLM2-135M-Instruct)",
+                        args.run_dir.display(),
+                        source.path,
+                        if says.is_empty() {
+                            String::new()
+                        } else {
+                            format!(": {says}")
+                        }
+                    ))
+                    .into());
+                }
+            };
+            save_peft_dir(&p.model, spec, &base, &args.out)?;
         }
         Format::Hf => {
             // config.json says the source model's own context (SmolLM2's 8192), not the
@@ -211,7 +248,7 @@ fn export<B: rlany_kernels::LogProbOps>(
             }
         }
     }
-    Ok(notes)
+    Ok(())
 }
 
 /// The tokenizer of a GGUF source as a Hugging Face directory holds it: `tokenizer.json` (the

@@ -1003,8 +1003,9 @@ Experiment(
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `--quant` is the GGUF export's: with `--format hf` or `peft` it is refused before anything
-/// is read, not ignored; `rlany --help` names the three formats.
+/// `--quant` is the GGUF export's and `--base-model` the PEFT export's: with another format
+/// each is refused before anything is read, not ignored; `rlany --help` names the three
+/// formats.
 #[test]
 fn export_refuses_quant_outside_gguf_and_help_names_every_format() {
     let dir = scratch("quant");
@@ -1025,6 +1026,24 @@ fn export_refuses_quant_outside_gguf_and_help_names_every_format() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{err}");
         assert!(err.contains("--quant is for --format gguf"), "{err}");
+    }
+    for format in ["hf", "gguf"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_rlany"))
+            .args([
+                "export",
+                "no-such-run",
+                "out",
+                "--format",
+                format,
+                "--base-model",
+                "HuggingFaceTB/SmolLM2-135M-Instruct",
+            ])
+            .current_dir(&dir)
+            .output()
+            .expect("rlany runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("--base-model is for --format peft"), "{err}");
     }
     let out = Command::new(env!("CARGO_BIN_EXE_rlany"))
         .arg("--help")

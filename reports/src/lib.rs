@@ -31,11 +31,11 @@ pub mod grid;
 mod kinds;
 pub mod learnability;
 mod plot;
-pub mod svg;
 mod regime;
 pub mod runs;
 pub mod stats;
 pub mod suite;
+pub mod svg;
 pub mod sweep;
 pub mod table;
 #[cfg(test)]

@@ -325,8 +325,8 @@ pub(crate) fn save<F: Render>(fig: &F, dir: &Path, stem: &str) -> Result<FigureF
     };
     let mut drawn = String::new();
     {
-        let root = TextFix::svg(SVGBackend::with_string(&mut drawn, (width, height)))
-            .into_drawing_area();
+        let root =
+            TextFix::svg(SVGBackend::with_string(&mut drawn, (width, height))).into_drawing_area();
         fig.render(&root).map_err(|e| err(e.to_string()))?;
         root.present().map_err(|e| err(e.to_string()))?;
     }

@@ -360,7 +360,8 @@ fn parse_element(s: &str, start: usize) -> Result<(Element<'_>, usize), SvgError
 mod tests {
     use super::*;
 
-    const HEAD: &str = r#"<svg width="10" height="10" viewBox="0 0 10 10" xmlns="http://www.w3.org/2000/svg">"#;
+    const HEAD: &str =
+        r#"<svg width="10" height="10" viewBox="0 0 10 10" xmlns="http://www.w3.org/2000/svg">"#;
 
     fn svg(body: &str) -> String {
         format!("{HEAD}\n{body}</svg>\n")
@@ -418,7 +419,11 @@ mod tests {
         );
         let out = compact(&input).expect("compact");
         assert_eq!(out, want);
-        assert_eq!(compact(&out).expect("again"), out, "a compact file is left as it is");
+        assert_eq!(
+            compact(&out).expect("again"),
+            out,
+            "a compact file is left as it is"
+        );
     }
 
     #[test]

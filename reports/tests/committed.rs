@@ -31,8 +31,8 @@ fn committed_figures_are_compact() {
     let mut loose = Vec::new();
     for p in &all {
         let text = std::fs::read_to_string(p).expect("a readable figure");
-        let compact = rlany_reports::svg::compact(&text)
-            .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        let compact =
+            rlany_reports::svg::compact(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
         if compact != text {
             if bless {
                 std::fs::write(p, &compact).expect("rewrite the figure");

@@ -2775,7 +2775,27 @@ fn a_lora_run_exports_to_hf_and_peft_and_both_load_back() {
     let (hf, peft) = (dir.join("hf"), dir.join("peft"));
     let (hf_s, peft_s) = (hf.to_string_lossy(), peft.to_string_lossy());
     assert_eq!(rlany(&["export", &run_s, &hf_s, "--format", "hf"]), 0);
-    assert_eq!(rlany(&["export", &run_s, &peft_s, "--format", "peft"]), 0);
+    // A GGUF source is no base PEFT can load: --base-model names one, and is required.
+    assert_eq!(rlany(&["export", &run_s, &peft_s, "--format", "peft"]), 2);
+    assert!(!peft.exists(), "nothing written when refused");
+    let base_name = "HuggingFaceTB/SmolLM2-135M-Instruct";
+    assert_eq!(
+        rlany(&[
+            "export",
+            &run_s,
+            &peft_s,
+            "--format",
+            "peft",
+            "--base-model",
+            base_name
+        ]),
+        0
+    );
+    let adapter: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(peft.join("adapter_config.json")).expect("adapter_config.json"),
+    )
+    .expect("JSON");
+    assert_eq!(adapter["base_model_name_or_path"], base_name, "{adapter}");
     // config.json says the source model's own context, not the run's allocation.
     let own = rlany_models::gguf::GgufFile::open(&gguf)
         .and_then(|g| g.config(None))
@@ -2860,10 +2880,11 @@ fn a_lora_run_exports_to_hf_and_peft_and_both_load_back() {
     let (jhf, jpeft) = (dir.join("judge-hf"), dir.join("judge-peft"));
     for (out, format) in [(&jhf, "hf"), (&jpeft, "peft")] {
         let out_s = out.to_string_lossy().into_owned();
-        assert_eq!(
-            rlany(&["export", &jrun_s, &out_s, "--format", format, "--judge"]),
-            0
-        );
+        let mut args = vec!["export", &jrun_s, &out_s, "--format", format, "--judge"];
+        if format == "peft" {
+            args.extend(["--base-model", "HuggingFaceTB/SmolLM2-135M-Instruct"]);
+        }
+        assert_eq!(rlany(&args), 0);
     }
     let judge_merged = rlany_models::load_hf_dir::<NdArray>(&jhf, None, &device).expect("judge hf");
     let judge_adapted =
