@@ -1,7 +1,9 @@
 //! # rlany-kernels
 //!
-//! The loss-side hot spot of LLM RL: log-softmax, gather and KL over the `[tokens, vocab]`
-//! logits.
+//! The custom operations of RLAnything, each a backend extension with a reference twin: the
+//! loss-side hot spot of LLM RL (log-softmax, gather and KL over the `[tokens, vocab]`
+//! logits), the transformer's attention, and the decode path's fused steps and quantized
+//! products.
 //!
 //! - [`mod@reference`]: the reference twins, composed from ordinary Burn tensor ops; every backend
 //!   (and autodiff) runs them. [`token_logprobs`] and [`kl_full`] at the crate root are these.

@@ -8,7 +8,8 @@
 //! [`write_report`] is the entry point (used by `rlany report RUN_OR_SUITE_DIR… --out DIR`).
 //! The pieces are public too: [`collect`] reads runs, [`Suite`] groups and orders them,
 //! [`Table`] is the ablation table, [`GridTable`] the accuracy per level of the eval's
-//! difficulty grid, [`stats`] has the Student-t machinery.
+//! difficulty grid, [`stats`] has the Student-t machinery, [`svg`] writes the figures as
+//! compact SVG.
 //!
 //! Figures, in report order: evaluation accuracy against steps and against rollouts, accuracy
 //! over the eval's difficulty grid, the **sweep** (only when the rows sweep one numeric setting
