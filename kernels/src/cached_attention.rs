@@ -13,6 +13,12 @@
 //! Only inference calls it (no backward); the transformer uses it on the packed-weight path
 //! of `rlany generate`, so a training run's numbers are those of the composition.
 
+use rayon::prelude::*;
+
+/// Fewest multiply-adds of `q kᵀ` (query rows × keys × head width) split over rayon's
+/// threads.
+const PARALLEL_MIN: usize = 1 << 16;
+
 /// Where the cache's buffers lie: `[batch, kv_heads, capacity, head_dim]`, row-major, of
 /// which positions `0..keys` are filled.
 #[derive(Debug, Clone, Copy)]
@@ -58,41 +64,48 @@ pub fn cached_attention_host(
         keys,
     } = cache;
     let mut out = vec![0.0f32; batch * kv_heads * rows * hd];
-    let mut scores = vec![0.0f32; keys];
-    for b in 0..batch {
-        for h in 0..kv_heads {
-            let base = (b * kv_heads + h) * capacity * hd;
-            let (kh, vh) = (&k[base..base + keys * hd], &v[base..base + keys * hd]);
-            for r in 0..rows {
-                let at = ((b * kv_heads + h) * rows + r) * hd;
-                let qr = &q[at..at + hd];
-                let bias_row = bias.map(|(values, bias_batch)| {
-                    let s = r % seq;
-                    let from = ((if bias_batch == 1 { 0 } else { b }) * seq + s) * keys;
-                    &values[from..from + keys]
-                });
-                let mut max = f32::NEG_INFINITY;
-                for (j, score) in scores.iter_mut().enumerate() {
-                    let mut sc = dot(qr, &kh[j * hd..(j + 1) * hd]);
-                    if let Some(row) = bias_row {
-                        sc += row[j];
-                    }
-                    *score = sc;
-                    max = max.max(sc);
-                }
-                let mut total = 0.0f32;
-                for score in scores.iter_mut() {
-                    *score = (*score - max).exp();
-                    total += *score;
-                }
-                let o = &mut out[at..at + hd];
-                for (j, &p) in scores.iter().enumerate() {
-                    let p = p / total;
-                    for (o, &x) in o.iter_mut().zip(&vh[j * hd..(j + 1) * hd]) {
-                        *o += p * x;
-                    }
-                }
+    // One task per query row (`i = (b·kv_heads + h)·rows + r`, its `head_dim` outputs), its
+    // own scores: the same arithmetic on every thread count.
+    let row = |scores: &mut Vec<f32>, (i, o): (usize, &mut [f32])| {
+        let (bh, r) = (i / rows, i % rows);
+        let b = bh / kv_heads;
+        let base = bh * capacity * hd;
+        let (kh, vh) = (&k[base..base + keys * hd], &v[base..base + keys * hd]);
+        let qr = &q[i * hd..(i + 1) * hd];
+        let bias_row = bias.map(|(values, bias_batch)| {
+            let s = r % seq;
+            let from = ((if bias_batch == 1 { 0 } else { b }) * seq + s) * keys;
+            &values[from..from + keys]
+        });
+        let mut max = f32::NEG_INFINITY;
+        for (j, score) in scores.iter_mut().enumerate() {
+            let mut sc = dot(qr, &kh[j * hd..(j + 1) * hd]);
+            if let Some(row) = bias_row {
+                sc += row[j];
             }
+            *score = sc;
+            max = max.max(sc);
+        }
+        let mut total = 0.0f32;
+        for score in scores.iter_mut() {
+            *score = (*score - max).exp();
+            total += *score;
+        }
+        for (j, &p) in scores.iter().enumerate() {
+            let p = p / total;
+            for (o, &x) in o.iter_mut().zip(&vh[j * hd..(j + 1) * hd]) {
+                *o += p * x;
+            }
+        }
+    };
+    let scores = || vec![0.0f32; keys];
+    // Handing rows to the pool costs a wake-up and a wait: short attention stays here.
+    if rayon::current_num_threads() > 1 && out.len() * keys >= PARALLEL_MIN {
+        out.par_chunks_mut(hd).enumerate().for_each_init(scores, row);
+    } else {
+        let mut buffer = scores();
+        for task in out.chunks_mut(hd).enumerate() {
+            row(&mut buffer, task);
         }
     }
     out
@@ -152,6 +165,36 @@ mod tests {
         let bias = [-1e9f32, 0.0];
         let y = cached_attention_host(&[0.0, 1.0], 1, &k, &v, cache, Some((&bias, 1)), 1);
         assert_eq!(y, vec![7.0, 7.0]);
+    }
+
+    /// Above the threshold the rows are split over the threads: the same bits as one thread.
+    #[test]
+    fn threads_give_the_bits_of_one_thread() {
+        let (batch, kv_heads, rows, capacity, hd, keys) = (2, 3, 6, 80, 64, 70);
+        assert!(batch * kv_heads * rows * hd * keys >= PARALLEL_MIN);
+        let wave =
+            |n: usize, f: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * f).sin()).collect() };
+        let q = wave(batch * kv_heads * rows * hd, 0.37);
+        let k = wave(batch * kv_heads * capacity * hd, 0.11);
+        let v = wave(batch * kv_heads * capacity * hd, 0.23);
+        let cache = CacheLayout {
+            batch,
+            kv_heads,
+            capacity,
+            head_dim: hd,
+            keys,
+        };
+        let on = |n| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .expect("pool")
+                .install(|| cached_attention_host(&q, rows, &k, &v, cache, None, 1))
+        };
+        let one = on(1);
+        assert_eq!(one.len(), batch * kv_heads * rows * hd);
+        assert_eq!(on(2), one);
+        assert_eq!(on(3), one);
     }
 
     /// Against the reference twin on the narrowed buffers: several rows of the batch, two
