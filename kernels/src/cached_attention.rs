@@ -101,7 +101,9 @@ pub fn cached_attention_host(
     let scores = || vec![0.0f32; keys];
     // Handing rows to the pool costs a wake-up and a wait: short attention stays here.
     if rayon::current_num_threads() > 1 && out.len() * keys >= PARALLEL_MIN {
-        out.par_chunks_mut(hd).enumerate().for_each_init(scores, row);
+        out.par_chunks_mut(hd)
+            .enumerate()
+            .for_each_init(scores, row);
     } else {
         let mut buffer = scores();
         for task in out.chunks_mut(hd).enumerate() {

@@ -286,6 +286,43 @@ mod tests {
         );
     }
 
+    /// A model with q/k/v biases (Qwen2's): the packed products add them as the dense ones
+    /// do (the blocks hold the weights only).
+    #[test]
+    fn packed_decoding_keeps_the_projections_biases() {
+        let gguf = tiny();
+        let (config, mut dense) = tiny_model(&gguf);
+        let device = Default::default();
+        for (i, block) in dense.blocks.iter_mut().enumerate() {
+            let a = &mut block.attention;
+            for (k, layer) in [&mut a.query, &mut a.key, &mut a.value]
+                .into_iter()
+                .enumerate()
+            {
+                let n = layer.weight.dims()[1];
+                let values: Vec<f32> = (0..n)
+                    .map(|j| ((i * 31 + k * 7 + j) as f32 * 0.61).sin() * 0.5)
+                    .collect();
+                let bias = Tensor::<B, 1>::from_data(TensorData::new(values, [n]), &device);
+                layer.bias = Some(burn::module::Param::from_tensor(bias));
+            }
+        }
+        let packed = dense
+            .clone()
+            .with_packed(gguf.packed(&config).expect("packed"))
+            .expect("shapes fit");
+        let (want, got) = (decode_logits(&dense, 3), decode_logits(&packed, 3));
+        let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let worst = want
+            .iter()
+            .zip(&got)
+            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            worst <= 1e-5 * scale.max(1.0),
+            "worst {worst}, scale {scale}"
+        );
+    }
+
     #[test]
     fn products_of_at_most_four_rows_read_the_blocks_and_larger_ones_the_dense_weights() {
         let (config, dense) = tiny_model(&tiny());

@@ -270,13 +270,16 @@ fn project_with<B: AttentionOps>(
     // [batch * seq, d_input]
     let flat = x.reshape([batch * seq, d_input]);
     // [batch * seq, d_output]: the base product on the packed blocks where they serve (a few
-    // rows, a CPU backend, no autodiff), the dense weights otherwise.
-    let base = packed
-        .and_then(|w| packed_matmul(&flat, w))
-        .unwrap_or_else(|| match with_bias {
-            true => layer.forward(flat.clone()),
-            false => linear(flat.clone(), layer.weight.val(), None),
-        });
+    // rows, a CPU backend, no autodiff; the blocks hold the weight, not the bias), the dense
+    // weights otherwise.
+    let bias = layer.bias.as_ref().filter(|_| with_bias).map(|b| b.val());
+    let base = match packed.and_then(|w| packed_matmul(&flat, w)) {
+        Some(y) => match bias {
+            Some(b) => y + b.unsqueeze_dim(0),
+            None => y,
+        },
+        None => linear(flat.clone(), layer.weight.val(), bias),
+    };
     let y = match adapter {
         Some(a) => base + a.forward(flat),
         None => base,
