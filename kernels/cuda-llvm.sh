@@ -50,6 +50,10 @@ fi
 mapfile -t versions < <(printf '%s\n' "${versions[@]}" | grep '^23\.1\.' | sort -u)
 [ ${#versions[@]} -gt 0 ] || versions=(23.1.0-4)
 
+if [ "$(uname -s)-$(uname -m)" != Linux-x86_64 ]; then
+    echo "the pinned wheels are Linux x86-64 ones; on $(uname -s)-$(uname -m) let the build download its LLVM, or lay out an LLVM 23.1 with NVPTX at ${XDG_DATA_HOME:-~/.local/share}/tracel/tracel-llvm-<version>/ with a .tracel-llvm-installed file" >&2
+    exit 1
+fi
 python=$(command -v python3 || command -v python)
 data=${XDG_DATA_HOME:-$HOME/.local/share}/tracel
 release=23.1.1.post0
