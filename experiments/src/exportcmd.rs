@@ -29,6 +29,17 @@ pub enum Format {
     Gguf,
 }
 
+impl Format {
+    /// The name `--format` takes.
+    fn name(self) -> &'static str {
+        match self {
+            Format::Hf => "hf",
+            Format::Peft => "peft",
+            Format::Gguf => "gguf",
+        }
+    }
+}
+
 /// The type of a GGUF export's matrices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Quant {
@@ -83,11 +94,7 @@ pub fn run(args: &ExportArgs) -> Result<()> {
         return Err(UsageError(format!(
             "--quant is for --format gguf; --format {} writes the weights as the run holds them \
              (drop --quant)",
-            if args.format == Format::Hf {
-                "hf"
-            } else {
-                "peft"
-            }
+            args.format.name()
         ))
         .into());
     }
@@ -95,11 +102,7 @@ pub fn run(args: &ExportArgs) -> Result<()> {
         return Err(UsageError(format!(
             "--base-model is for --format peft (it names the base the adapters go over); \
              --format {} merges the adapters into the weights (drop --base-model)",
-            if args.format == Format::Hf {
-                "hf"
-            } else {
-                "gguf"
-            }
+            args.format.name()
         ))
         .into());
     }

@@ -1009,41 +1009,39 @@ Experiment(
 #[test]
 fn export_refuses_quant_outside_gguf_and_help_names_every_format() {
     let dir = scratch("quant");
-    for format in ["hf", "peft"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_rlany"))
-            .args([
-                "export",
-                "no-such-run",
-                "out",
-                "--format",
-                format,
-                "--quant",
-                "q8_0",
-            ])
-            .current_dir(&dir)
-            .output()
-            .expect("rlany runs");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{err}");
-        assert!(err.contains("--quant is for --format gguf"), "{err}");
-    }
-    for format in ["hf", "gguf"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_rlany"))
-            .args([
-                "export",
-                "no-such-run",
-                "out",
-                "--format",
-                format,
-                "--base-model",
-                "HuggingFaceTB/SmolLM2-135M-Instruct",
-            ])
-            .current_dir(&dir)
-            .output()
-            .expect("rlany runs");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{err}");
-        assert!(err.contains("--base-model is for --format peft"), "{err}");
+    let refusals = [
+        (
+            "--quant",
+            "q8_0",
+            ["hf", "peft"],
+            "--quant is for --format gguf",
+        ),
+        (
+            "--base-model",
+            "HuggingFaceTB/SmolLM2-135M-Instruct",
+            ["hf", "gguf"],
+            "--base-model is for --format peft",
+        ),
+    ];
+    for (flag, value, formats, says) in refusals {
+        for format in formats {
+            let out = Command::new(env!("CARGO_BIN_EXE_rlany"))
+                .args([
+                    "export",
+                    "no-such-run",
+                    "out",
+                    "--format",
+                    format,
+                    flag,
+                    value,
+                ])
+                .current_dir(&dir)
+                .output()
+                .expect("rlany runs");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{format} {flag}: {err}");
+            assert!(err.contains(says), "{format} {flag}: {err}");
+        }
     }
     let out = Command::new(env!("CARGO_BIN_EXE_rlany"))
         .arg("--help")

@@ -169,16 +169,24 @@ mod tests {
         assert_eq!(y, vec![7.0, 7.0]);
     }
 
+    /// Queries of `rows` per K/V head and the cache's K and V buffers, filled with sines.
+    fn waves(cache: CacheLayout, rows: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let wave =
+            |n: usize, f: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * f).sin()).collect() };
+        let heads = cache.batch * cache.kv_heads;
+        let buffer = heads * cache.capacity * cache.head_dim;
+        (
+            wave(heads * rows * cache.head_dim, 0.37),
+            wave(buffer, 0.11),
+            wave(buffer, 0.23),
+        )
+    }
+
     /// Above the threshold the rows are split over the threads: the same bits as one thread.
     #[test]
     fn threads_give_the_bits_of_one_thread() {
         let (batch, kv_heads, rows, capacity, hd, keys) = (2, 3, 6, 80, 64, 70);
         assert!(batch * kv_heads * rows * hd * keys >= PARALLEL_MIN);
-        let wave =
-            |n: usize, f: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * f).sin()).collect() };
-        let q = wave(batch * kv_heads * rows * hd, 0.37);
-        let k = wave(batch * kv_heads * capacity * hd, 0.11);
-        let v = wave(batch * kv_heads * capacity * hd, 0.23);
         let cache = CacheLayout {
             batch,
             kv_heads,
@@ -186,6 +194,7 @@ mod tests {
             head_dim: hd,
             keys,
         };
+        let (q, k, v) = waves(cache, rows);
         let on = |n| {
             rayon::ThreadPoolBuilder::new()
                 .num_threads(n)
@@ -206,15 +215,6 @@ mod tests {
         let device = Default::default();
         let (batch, kv_heads, group, seq, capacity, hd, keys) = (2, 2, 3, 2, 9, 16, 7);
         let rows = group * seq;
-        let wave =
-            |n: usize, f: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * f).sin()).collect() };
-        let q = wave(batch * kv_heads * rows * hd, 0.37);
-        let k = wave(batch * kv_heads * capacity * hd, 0.11);
-        let v = wave(batch * kv_heads * capacity * hd, 0.23);
-        // Row 0 sees every key but the last; row 1 also masks key 2.
-        let mut bias = vec![0.0f32; batch * seq * keys];
-        bias[keys - 1] = -1e9;
-        bias[seq * keys + 2] = -1e9;
         let cache = CacheLayout {
             batch,
             kv_heads,
@@ -222,6 +222,11 @@ mod tests {
             head_dim: hd,
             keys,
         };
+        let (q, k, v) = waves(cache, rows);
+        // Row 0 sees every key but the last; row 1 also masks key 2.
+        let mut bias = vec![0.0f32; batch * seq * keys];
+        bias[keys - 1] = -1e9;
+        bias[seq * keys + 2] = -1e9;
         let got = cached_attention_host(&q, rows, &k, &v, cache, Some((&bias, batch)), seq);
         let t = |x: &[f32], shape: [usize; 4]| {
             Tensor::<B, 4>::from_data(TensorData::new(x.to_vec(), shape), &device)
