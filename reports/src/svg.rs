@@ -18,6 +18,7 @@
 //! SVG's whitespace rules drop) removed. Anything else (an element this module does not know)
 //! is written as it came, in place, and ends the run around it.
 
+use std::collections::HashSet;
 use std::fmt::Write as _;
 
 /// What a compact file starts its body with; a file that has it is left as it is.
@@ -73,16 +74,13 @@ pub fn compact(svg: &str) -> Result<String, SvgError> {
     if svg.contains(MARK) {
         return Ok(svg.to_string());
     }
-    let open_end = svg.find('>').ok_or(SvgError {
-        at: 0,
-        what: "an opening <svg …> tag",
-    })?;
-    if !svg.trim_start().starts_with("<svg") {
-        return Err(SvgError {
+    let open_end = svg
+        .find('>')
+        .filter(|_| svg.trim_start().starts_with("<svg"))
+        .ok_or(SvgError {
             at: 0,
             what: "an opening <svg …> tag",
-        });
-    }
+        })?;
     let head = &svg[..=open_end];
     let elements = parse_children(svg, open_end + 1)?;
 
@@ -158,7 +156,7 @@ fn write_run(out: &mut String, run: &[Element<'_>], class: usize) {
     let shared = opaque(&run[0].style);
     let mut parts: Vec<String> = Vec::with_capacity(run.len());
     let mut strokes = String::new();
-    let mut seen_dots: Vec<&[(&str, &str)]> = Vec::new();
+    let mut seen_dots: HashSet<&[(&str, &str)]> = HashSet::new();
     let flush = |strokes: &mut String, parts: &mut Vec<String>| {
         if !strokes.is_empty() {
             parts.push(format!("<path d=\"{strokes}\"/>"));
@@ -191,11 +189,8 @@ fn write_run(out: &mut String, run: &[Element<'_>], class: usize) {
             }
             _ => {
                 flush(&mut strokes, &mut parts);
-                if shared && e.tag == "circle" {
-                    if seen_dots.contains(&e.geometry.as_slice()) {
-                        continue;
-                    }
-                    seen_dots.push(&e.geometry);
+                if shared && e.tag == "circle" && !seen_dots.insert(&e.geometry) {
+                    continue;
                 }
                 let mut s = format!("<{}", e.tag);
                 for (k, v) in &e.geometry {
